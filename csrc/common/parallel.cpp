@@ -1,0 +1,187 @@
+#include "common/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <utility>
+
+#include <unistd.h>  // getpid
+#if defined(__linux__)
+#include <sched.h>  // sched_getaffinity, CPU_COUNT
+#endif
+
+namespace lever {
+
+// One parallel_for call: the range, the chunk size and the next unclaimed item.
+struct ThreadPool::Job {
+  const RangeFn* fn = nullptr;
+  size_t n_items = 0;
+  size_t chunk = 1;  // items per fn call
+  std::atomic<size_t> next{0};  // first item not yet claimed by a thread
+
+  std::mutex error_mutex;
+  std::exception_ptr error;  // first exception thrown by fn
+};
+
+ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
+  workers_.reserve(static_cast<size_t>(num_threads_ - 1));
+  for (int i = 1; i < num_threads_; ++i) {
+    workers_.emplace_back([this] { worker_loop(); });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+// Claims chunks of the job until none are left; used by the caller and workers.
+void ThreadPool::run_chunks(Job& job) {
+  for (;;) {
+    const size_t begin = job.next.fetch_add(job.chunk);
+    if (begin >= job.n_items) return;
+    const size_t end = std::min(job.n_items, begin + job.chunk);
+    try {
+      (*job.fn)(begin, end);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(job.error_mutex);
+      if (!job.error) job.error = std::current_exception();
+      job.next.store(job.n_items);  // nobody starts another chunk
+      return;
+    }
+  }
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen_generation = 0;
+  for (;;) {
+    Job* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen_generation; });
+      if (stop_) return;
+      seen_generation = generation_;
+      job = job_;
+    }
+    run_chunks(*job);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--pending_workers_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(size_t n_items, size_t grain, const RangeFn& fn) {
+  if (n_items == 0) return;
+  grain = std::max<size_t>(grain, 1);
+  // Small jobs, single-thread pools and busy pools: run right here.
+  if (workers_.empty() || n_items <= grain || !run_mutex_.try_lock()) {
+    fn(0, n_items);
+    return;
+  }
+  std::lock_guard<std::mutex> run_lock(run_mutex_, std::adopt_lock);
+
+  // About four chunks per thread: few enough that the per-chunk overhead is
+  // nil, enough that a thread slowed down by other load gets fewer of them.
+  const size_t threads = static_cast<size_t>(num_threads_);
+  const size_t even_share = (n_items + 4 * threads - 1) / (4 * threads);
+
+  Job job;
+  job.fn = &fn;
+  job.n_items = n_items;
+  job.chunk = std::max(grain, even_share);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = &job;
+    pending_workers_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  work_cv_.notify_all();
+
+  run_chunks(job);
+
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return pending_workers_ == 0; });
+    job_ = nullptr;
+  }
+  if (job.error) std::rethrow_exception(job.error);
+}
+
+int default_num_threads() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+#endif
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+namespace {
+
+// The process-wide pool. It is allocated once and never destroyed, so that no
+// static destructor joins threads while the interpreter shuts down.
+struct GlobalPool {
+  std::mutex mutex;
+  std::shared_ptr<ThreadPool> pool;  // callers hold a reference while they use it
+  pid_t owner_pid = 0;               // the process that started pool's threads
+};
+
+GlobalPool& global_pool_state() {
+  static GlobalPool* state = new GlobalPool();
+  return *state;
+}
+
+std::shared_ptr<ThreadPool> current_pool() {
+  GlobalPool& g = global_pool_state();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (g.pool && g.owner_pid != getpid()) {
+    // We are in a child created by fork(): the pool's worker threads were not
+    // copied into it, and its locks may be in any state. Abandon the old pool
+    // object (deliberately leaked; destroying it would join threads that do
+    // not exist here) and start a new one below.
+    new std::shared_ptr<ThreadPool>(std::move(g.pool));
+    g.pool.reset();
+  }
+  if (!g.pool) {
+    g.pool = std::make_shared<ThreadPool>(default_num_threads());
+    g.owner_pid = getpid();
+  }
+  return g.pool;
+}
+
+}  // namespace
+
+int get_num_threads() { return current_pool()->num_threads(); }
+
+void set_num_threads(int n) {
+  auto pool = std::make_shared<ThreadPool>(n > 0 ? n : default_num_threads());
+  GlobalPool& g = global_pool_state();
+  std::shared_ptr<ThreadPool> old;
+  {
+    std::lock_guard<std::mutex> lock(g.mutex);
+    if (g.pool && g.owner_pid != getpid()) {
+      // Forked child: abandon the parent's pool, as in current_pool().
+      new std::shared_ptr<ThreadPool>(std::move(g.pool));
+    }
+    old = std::move(g.pool);
+    g.pool = std::move(pool);
+    g.owner_pid = getpid();
+  }
+  // `old` is released here, outside the lock: if no job holds it any more its
+  // idle workers are joined now, otherwise when the last job using it ends.
+}
+
+void parallel_for(size_t n_items, size_t grain, const RangeFn& fn) {
+  std::shared_ptr<ThreadPool> pool = current_pool();
+  pool->parallel_for(n_items, grain, fn);
+}
+
+}  // namespace lever

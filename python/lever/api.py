@@ -1,0 +1,118 @@
+"""The Python API: `lever.load(...)` then `.generate(...)`, or `lever.generate(...)`."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .errors import ModelFormatError
+from .generate import GenerationResult, generate_tokens
+from .model.checkpoint_loader import load_checkpoint_model
+from .model.config import ModelConfig
+from .model.decoder import Decoder
+from .model.gguf_loader import load_gguf_model
+from .model.registry import resolve_model
+from .model.tokenizer import IncrementalDecoder, Tokenizer
+from .model.weights import parse_dtype
+from .sampling import SamplingParams
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where assembled models and built tokenizers live: `cache_dir`, else
+    $LEVER_CACHE_DIR, else ~/.cache/lever."""
+    return Path(cache_dir or os.environ.get("LEVER_CACHE_DIR") or Path.home() / ".cache" / "lever")
+
+
+@dataclass
+class Completion:
+    """Generated text with its tokens and timing (seconds)."""
+
+    text: str
+    result: GenerationResult
+    load_s: float = 0.0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.result.token_ids
+
+    def to_json(self) -> dict:
+        r = self.result
+        return {
+            "text": self.text,
+            "token_ids": r.token_ids,
+            "prompt_tokens": len(r.prompt_ids),
+            "new_tokens": len(r.token_ids),
+            "stop_reason": r.stop_reason,
+            "timing": {
+                "load_s": round(self.load_s, 4),
+                "prefill_s": round(r.prefill_s, 4),
+                "decode_s": round(r.decode_s, 4),
+                "prefill_tokens_per_s": round(len(r.prompt_ids) / r.prefill_s, 2) if r.prefill_s else None,
+                "decode_tokens_per_s": round(r.decode_tokens_per_s, 2),
+            },
+        }
+
+
+@dataclass
+class LoadedModel:
+    """A decoder with its tokenizer, ready to generate."""
+
+    model: Decoder
+    tokenizer: Tokenizer
+    path: Path
+    load_s: float = 0.0
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    def prompt_ids(self, prompt: str, chat: bool = True) -> list[int]:
+        return self.tokenizer.encode(self.tokenizer.format_prompt(prompt, chat=chat))
+
+    def generate(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
+                 on_text: Callable[[str], None] | None = None) -> Completion:
+        """Generate a completion of `prompt` (wrapped in the chat template when the
+        model has one and `chat`). `on_text` receives the text as it is produced."""
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        ids = self.prompt_ids(prompt, chat)
+        stream = IncrementalDecoder(self.tokenizer) if on_text else None
+        on_token = (lambda t: on_text(stream.push(t))) if stream else None
+        result = generate_tokens(self.model, ids, max_new_tokens, params,
+                                 stop_ids=self.tokenizer.eos_token_ids, on_token=on_token)
+        if stream:
+            on_text(stream.flush())
+        text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        return Completion(text=text, result=result, load_s=self.load_s)
+
+
+def load(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
+         cache_dir: str | os.PathLike | None = None, progress: bool = True) -> LoadedModel:
+    """Load a registered model by name (see `lever models`), a GGUF file, or a
+    Hugging Face checkpoint directory, in `dtype` (bfloat16 or float32)."""
+    t0 = time.perf_counter()
+    root = cache_root(cache_dir)
+    path = resolve_model(model, cache_dir=root, progress=progress)
+    torch_dtype = parse_dtype(dtype)
+    if path.is_dir():
+        decoder = load_checkpoint_model(path, torch_dtype)
+        tokenizer = Tokenizer.from_pretrained_dir(path)
+    elif path.is_file():
+        decoder, gguf = load_gguf_model(path, torch_dtype)
+        tokenizer = Tokenizer.from_gguf(gguf, cache_dir=root / "tokenizers")
+    else:
+        raise ModelFormatError(f"{path}: not a file or directory")
+    return LoadedModel(decoder, tokenizer, path, load_s=time.perf_counter() - t0)
+
+
+def generate(prompt: str, model: str | LoadedModel = DEFAULT_MODEL, **kwargs) -> Completion:
+    """One-shot: load `model` (unless already loaded) and generate from `prompt`."""
+    loaded = model if isinstance(model, LoadedModel) else load(model)
+    return loaded.generate(prompt, **kwargs)

@@ -1,0 +1,64 @@
+"""`lever generate`: plain decoding with one model, streamed to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..api import DEFAULT_MODEL, load
+from ..errors import LeverError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate text from a prompt",
+                              description="Generate a completion; text streams to stdout.")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"registered model name (see `lever models`), GGUF file or checkpoint dir "
+                        f"(default: {DEFAULT_MODEL})")
+    p.add_argument("--prompt", required=True, help="prompt text ('-' reads it from stdin)")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--top-k", type=int, default=0, metavar="K")
+    p.add_argument("--seed", type=int, default=None, metavar="S")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"],
+                   help="compute dtype (default bfloat16)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
+    p.add_argument("--cache-dir", default=None, help="where assembled models and tokenizers are cached")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end (token ids, text, timing) instead of streaming")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.max_new_tokens < 0:
+        raise LeverError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    try:
+        from ..sampling import SamplingParams
+        SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    except ValueError as e:
+        raise LeverError(str(e)) from None
+    loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True)
+
+    def stream(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    completion = loaded.generate(prompt, max_new_tokens=args.max_new_tokens,
+                                 temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                 seed=args.seed, chat=not args.no_chat,
+                                 on_text=None if args.json else stream)
+    if args.json:
+        out = completion.to_json()
+        out["model"] = args.model
+        out["path"] = str(loaded.path)
+        out["dtype"] = args.dtype
+        print(json.dumps(out))
+    else:
+        sys.stdout.write("\n")
+        r = completion.result
+        print(f"[{len(r.token_ids)} tokens, prefill {r.prefill_s:.2f} s, "
+              f"decode {r.decode_tokens_per_s:.1f} tokens/s, stop: {r.stop_reason}]", file=sys.stderr)
+    return 0

@@ -1,0 +1,84 @@
+"""Plain autoregressive decoding: prefill the prompt, then one token per forward."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .errors import ContextOverflowError
+from .model.decoder import Decoder, causal_mask
+from .sampling import SamplingParams, choose_token, make_generator
+
+PREFILL_CHUNK = 512   # tokens per prefill forward (bounds attention memory)
+
+
+@dataclass
+class GenerationResult:
+    """What one `generate_tokens` call produced. Times are in seconds."""
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    stop_reason: str = "length"          # "eos" or "length"
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Generated tokens after the first, per second of decoding."""
+        n = len(self.token_ids) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+
+def check_context(n_prompt: int, max_new_tokens: int, max_context: int) -> None:
+    if n_prompt == 0:
+        raise ContextOverflowError("the prompt is empty (0 tokens)")
+    if n_prompt + max_new_tokens > max_context:
+        raise ContextOverflowError(
+            f"prompt of {n_prompt} tokens plus {max_new_tokens} new tokens exceeds "
+            f"the model's context of {max_context} tokens")
+
+
+def prefill(model: Decoder, prompt_ids: list[int], cache) -> torch.Tensor:
+    """Feed the prompt in chunks; returns the logits [vocab] of its last token."""
+    ids = torch.tensor(prompt_ids, dtype=torch.long)
+    logits = None
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        chunk = ids[start:start + PREFILL_CHUNK]
+        n = len(chunk)
+        logits = model(chunk, torch.arange(start, start + n), causal_mask(n, start), cache,
+                       logits_rows=torch.tensor([n - 1]))
+    return logits[0]
+
+
+def generate_tokens(model: Decoder, prompt_ids: list[int], max_new_tokens: int,
+                    params: SamplingParams = SamplingParams(), stop_ids: frozenset[int] = frozenset(),
+                    on_token: Callable[[int], None] | None = None) -> GenerationResult:
+    """Decode up to `max_new_tokens` tokens after `prompt_ids`, stopping at a stop id
+    (which is included in the output). `on_token` is called with each new id."""
+    check_context(len(prompt_ids), max_new_tokens, model.config.max_context)
+    result = GenerationResult(prompt_ids=list(prompt_ids))
+    if max_new_tokens <= 0:
+        return result
+    generator = make_generator(params)
+    cache = model.new_cache(capacity=len(prompt_ids) + max_new_tokens)
+    t0 = time.perf_counter()
+    logits = prefill(model, prompt_ids, cache)
+    result.prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    while True:
+        token = choose_token(logits, params, generator)
+        result.token_ids.append(token)
+        if on_token is not None:
+            on_token(token)
+        if token in stop_ids:
+            result.stop_reason = "eos"
+            break
+        if len(result.token_ids) >= max_new_tokens:
+            break
+        pos = cache.length
+        logits = model(torch.tensor([token]), torch.tensor([pos]), causal_mask(1, pos), cache)[0]
+    result.decode_s = time.perf_counter() - t0
+    return result

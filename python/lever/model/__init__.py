@@ -1,0 +1,1 @@
+"""Model layer: decoder, KV cache, loading (GGUF, safetensors), tokenizer, registry."""

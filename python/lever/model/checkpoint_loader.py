@@ -1,0 +1,75 @@
+"""Load a Llama / Qwen2 decoder from a Hugging Face checkpoint directory
+(`config.json` + `*.safetensors`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+from ..errors import ModelFormatError, UnsupportedModelError
+from .config import SUPPORTED_ARCHS, ModelConfig
+from .decoder import Decoder
+from .weights import build_decoder
+
+
+def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
+    arch = hf.get("model_type")
+    if arch not in SUPPORTED_ARCHS:
+        raise UnsupportedModelError(f"{source}: unsupported model_type {arch!r} "
+                                    f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+    rope = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    rope_type = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
+    if rope_type not in ("default", None):
+        raise UnsupportedModelError(f"{source}: RoPE scaling {rope_type!r} is not supported")
+    try:
+        hidden, n_heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+        return ModelConfig(
+            arch=arch,
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(hf["intermediate_size"]),
+            n_layers=int(hf["num_hidden_layers"]),
+            n_heads=n_heads,
+            n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
+            head_dim=int(hf.get("head_dim") or hidden // n_heads),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            max_context=int(hf.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=True if arch == "qwen2" else bool(hf.get("attention_bias", False)),
+        )
+    except KeyError as e:
+        raise ModelFormatError(f"{source}: key {e.args[0]!r} is missing") from None
+
+
+def checkpoint_tensors(directory: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelFormatError(f"{directory}: no *.safetensors files")
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                name = key[len("model."):] if key.startswith("model.") else key
+                if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                    continue
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue
+                yield name, st.get_tensor(key)
+
+
+def load_checkpoint_model(directory, dtype: torch.dtype = torch.bfloat16) -> Decoder:
+    d = Path(directory)
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise ModelFormatError(f"{d}: config.json is missing (not a Hugging Face checkpoint directory)")
+    try:
+        hf = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelFormatError(f"{cfg_path}: not valid JSON ({e})") from None
+    cfg = config_from_hf(hf, str(cfg_path))
+    return build_decoder(cfg, checkpoint_tensors(d, cfg), dtype, source=str(d))
