@@ -7,7 +7,8 @@ import json
 import sys
 
 from ..errors import LeverError, UnknownModelError
-from ..model.registry import KNOWN_MODELS, ModelStatus, ensure_model, find_model, list_models
+from ..model import registry
+from ..model.registry import ModelStatus, ensure_model, find_model, list_models
 
 
 def add_parser(subparsers) -> None:
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             if entry is None:
                 raise UnknownModelError(
                     f"unknown model {args.assemble!r}: not one of: "
-                    f"{', '.join(sorted(KNOWN_MODELS))} (see `lever models`)")
+                    f"{', '.join(sorted(registry.KNOWN_MODELS))} (see `lever models`)")
             entries = [entry]
         for entry in entries:
             try:

@@ -153,7 +153,7 @@ def list_models(cache_dir=None, *, models: Optional[Mapping[str, ModelEntry]] = 
 def ensure_model(entry: ModelEntry, cache_dir=None, progress: bool = True,
                  search_path: Optional[Sequence[str]] = None) -> Path:
     """Path of `entry`'s verified GGUF, assembling it in the cache if needed."""
-    return ensure_model(entry, cache_dir, progress, search_path)
+    return _asm.assemble(entry, models_dir(cache_dir), progress=progress, search_path=search_path)
 
 
 def resolve_model(name_or_path: str, cache_dir=None, progress: bool = True, *,
@@ -175,4 +175,4 @@ def resolve_model(name_or_path: str, cache_dir=None, progress: bool = True, *,
         raise UnknownModelError(
             f"unknown model {name_or_path!r}: not a file or directory, "
             f"and not one of: {known} (see `lever models`)")
-    return _asm.assemble(entry, models_dir(cache_dir), progress=progress, search_path=search_path)
+    return ensure_model(entry, cache_dir, progress, search_path)
