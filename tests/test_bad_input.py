@@ -49,7 +49,7 @@ def write_tiny_gguf(path, arch="llama", bad_qtype=None):
         if name == "blk.0.attn_q.weight" and bad_qtype is not None:
             block, size = gguf.GGML_QUANT_SIZES[bad_qtype]
             raw = rng.integers(0, 255, size=(shape[0], shape[1] // block * size), dtype=np.uint8)
-            w.add_tensor(name, raw, raw_shape=shape, raw_dtype=bad_qtype)
+            w.add_tensor(name, raw, raw_dtype=bad_qtype)
         else:
             w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
     w.write_header_to_file()
@@ -104,9 +104,9 @@ def test_unsupported_architecture(capsys, tmp_path):
 
 
 def test_unsupported_quantisation_type(capsys, tmp_path):
-    path = write_tiny_gguf(tmp_path / "iq.gguf", bad_qtype=gguf.GGMLQuantizationType.IQ2_XXS)
+    path = write_tiny_gguf(tmp_path / "iq.gguf", bad_qtype=gguf.GGMLQuantizationType.Q8_1)
     rc, _, err = run_cli(capsys, "generate", "--model", str(path), "--prompt", "hi")
-    assert_one_error_line(rc, err, "IQ2_XXS", "blk.0.attn_q.weight")
+    assert_one_error_line(rc, err, "Q8_1", "blk.0.attn_q.weight")
 
 
 def test_prompt_longer_than_context(capsys, smollm2_path):
@@ -134,3 +134,18 @@ def test_unreadable_model_file(capsys, tmp_path, smollm2_path):
         bad.chmod(0)
         rc, _, err = run_cli(capsys, "generate", "--model", str(bad), "--prompt", "hi")
         assert_one_error_line(rc, err, "Permission denied")
+
+
+def test_missing_model_part(capsys, monkeypatch, tmp_path):
+    """A registered model one of whose part packages is not installed."""
+    import dataclasses
+
+    from lever.model import registry
+    real = registry.KNOWN_MODELS["qwen2.5-coder-0.5b"]
+    parts = list(real.parts)
+    parts[2] = dataclasses.replace(parts[2], dist="lever-test-absent-part3")
+    fake = dataclasses.replace(real, name="fake-qwen", aliases=(), parts=tuple(parts))
+    monkeypatch.setitem(registry.KNOWN_MODELS, "fake-qwen", fake)
+    rc, _, err = run_cli(capsys, "generate", "--model", "fake-qwen", "--prompt", "hi",
+                         "--cache-dir", str(tmp_path))
+    assert_one_error_line(rc, err, "part 3 of 6", "lever-test-absent-part3==0.9.0", "pip install")

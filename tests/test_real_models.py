@@ -20,9 +20,9 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["smollm2", "qwen05"])
-def real(request, smollm2_path, qwen05_path, lever_cache):
-    path = smollm2_path if request.param == "smollm2" else qwen05_path
+@pytest.fixture(scope="module", params=["smollm2", "qwen05", pytest.param("qwen15", marks=pytest.mark.slow)])
+def real(request, lever_cache):
+    path = request.getfixturevalue(f"{request.param}_path")
     ours, gguf = load_gguf_model(path, torch.float32)
     tok = Tokenizer.from_gguf(gguf, cache_dir=lever_cache / "tokenizers")
     return request.param, path, ours, tok
@@ -50,7 +50,7 @@ def test_gguf_loading_equals_transformers_gguf_loader(real):
     must give the same logits as our loader: an independent check of loading."""
     name, path, ours, tok = real
     hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                           torch_dtype=torch.float32).eval()
+                                                           dtype=torch.float32).eval()
     ids = tok.encode(tok.format_prompt(PROMPTS[0]))
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0].float()

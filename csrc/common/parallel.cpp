@@ -12,6 +12,19 @@
 
 namespace lever {
 
+namespace {
+// True while this thread runs fn for a job: a parallel_for called from inside
+// fn then runs inline instead of waiting for a pool that is busy with the
+// outer job.
+thread_local bool t_inside_job = false;
+
+struct InsideJob {
+  bool saved = t_inside_job;
+  InsideJob() { t_inside_job = true; }
+  ~InsideJob() { t_inside_job = saved; }
+};
+}  // namespace
+
 // One parallel_for call: the range, the chunk size and the next unclaimed item.
 struct ThreadPool::Job {
   const RangeFn* fn = nullptr;
@@ -41,6 +54,7 @@ ThreadPool::~ThreadPool() {
 
 // Claims chunks of the job until none are left; used by the caller and workers.
 void ThreadPool::run_chunks(Job& job) {
+  InsideJob inside;
   for (;;) {
     const size_t begin = job.next.fetch_add(job.chunk);
     if (begin >= job.n_items) return;
@@ -78,12 +92,12 @@ void ThreadPool::worker_loop() {
 void ThreadPool::parallel_for(size_t n_items, size_t grain, const RangeFn& fn) {
   if (n_items == 0) return;
   grain = std::max<size_t>(grain, 1);
-  // Small jobs, single-thread pools and busy pools: run right here.
-  if (workers_.empty() || n_items <= grain || !run_mutex_.try_lock()) {
+  // Small jobs, single-thread pools, nested calls and busy pools: run here.
+  if (workers_.empty() || n_items <= grain || t_inside_job ||
+      busy_.exchange(true, std::memory_order_acquire)) {
     fn(0, n_items);
     return;
   }
-  std::lock_guard<std::mutex> run_lock(run_mutex_, std::adopt_lock);
 
   // About four chunks per thread: few enough that the per-chunk overhead is
   // nil, enough that a thread slowed down by other load gets fewer of them.
@@ -109,6 +123,7 @@ void ThreadPool::parallel_for(size_t n_items, size_t grain, const RangeFn& fn) {
     done_cv_.wait(lock, [&] { return pending_workers_ == 0; });
     job_ = nullptr;
   }
+  busy_.store(false, std::memory_order_release);
   if (job.error) std::rethrow_exception(job.error);
 }
 

@@ -6,6 +6,7 @@
 // and the pool's worker threads. Nothing here knows about Python or torch.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -53,7 +54,7 @@ class ThreadPool {
   const int num_threads_;
   std::vector<std::thread> workers_;
 
-  std::mutex run_mutex_;  // held by the caller for the whole of one job
+  std::atomic<bool> busy_{false};  // a job is running (set by its caller)
 
   std::mutex mutex_;  // guards the fields below
   std::condition_variable work_cv_;  // workers wait here for a new job

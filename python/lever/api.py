@@ -83,7 +83,7 @@ class LoadedModel:
         model has one and `chat`). `on_text` receives the text as it is produced."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         ids = self.prompt_ids(prompt, chat)
-        stream = IncrementalDecoder(self.tokenizer) if on_text else None
+        stream = IncrementalDecoder(self.tokenizer, skip_special_tokens=True) if on_text else None
         on_token = (lambda t: on_text(stream.push(t))) if stream else None
         result = generate_tokens(self.model, ids, max_new_tokens, params,
                                  stop_ids=self.tokenizer.eos_token_ids, on_token=on_token)

@@ -83,12 +83,16 @@ class _HeaderReader:
     def __init__(self, f: BinaryIO, path: Path, file_size: int):
         self.f, self.path, self.file_size = f, path, file_size
 
+    def need(self, n: int) -> None:
+        """Fail clearly unless `n` more bytes exist after the current position."""
+        pos = self.f.tell()
+        if pos + n > self.file_size:
+            raise ModelFormatError(f"{self.path}: truncated GGUF header (needs {n:,} bytes at offset "
+                                   f"{pos:,}, the file ends at byte {self.file_size:,})")
+
     def take(self, n: int) -> bytes:
-        b = self.f.read(n)
-        if len(b) != n:
-            raise ModelFormatError(f"{self.path}: truncated GGUF header "
-                                   f"(file ends at byte {self.file_size})")
-        return b
+        self.need(n)
+        return self.f.read(n)
 
     def scalar(self, fmt: str) -> Any:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
@@ -96,7 +100,7 @@ class _HeaderReader:
     def string(self) -> str:
         n = self.scalar("<Q")
         if n > _MAX_STRING:
-            raise ModelFormatError(f"{self.path}: corrupt GGUF header (string of {n} bytes)")
+            raise ModelFormatError(f"{self.path}: corrupt GGUF header (string of {n:,} bytes)")
         return self.take(n).decode("utf-8", errors="replace")
 
     def value(self, vtype: int) -> Any:
@@ -106,8 +110,9 @@ class _HeaderReader:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.scalar("<I"), self.scalar("<Q")
-            if count > self.file_size:
+            if count >= 1 << 40:
                 raise ModelFormatError(f"{self.path}: corrupt GGUF header (array of {count} items)")
+            self.need(count * (8 if etype == _STRING else 1))   # lower bound on its bytes
             if etype in _NUMPY_TYPES:        # numbers: one read, then a list
                 dt = np.dtype(_NUMPY_TYPES[etype])
                 arr = np.frombuffer(self.take(dt.itemsize * count), dtype=dt)

@@ -22,7 +22,7 @@ def hf_from_ours(model: Decoder):
                   num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
                   head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
                   max_position_embeddings=cfg.max_context, tie_word_embeddings=cfg.tie_word_embeddings,
-                  torch_dtype=model.dtype)
+                  dtype=model.dtype)
     if cfg.arch == "llama":
         hf_cfg, cls = transformers.LlamaConfig(attention_bias=cfg.attention_bias, **common), transformers.LlamaForCausalLM
     else:
