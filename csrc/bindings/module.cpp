@@ -1,18 +1,27 @@
 // pybind11 glue for lever._native: argument checks and conversions only; the
-// work is done by the C++ core (csrc/kernels, csrc/common).
+// work is done by the C++ core (csrc/kernels, csrc/common, csrc/io).
 //
-// std::invalid_argument thrown by the core reaches Python as ValueError.
+// std::invalid_argument thrown by the core reaches Python as ValueError;
+// lever::io::FlashReadError as lever.errors.FlashReadError / ChecksumError.
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/parallel.h"
+#include "io/checksum.h"
+#include "io/flash_reader.h"
 #include "kernels/dequant.h"
 
 namespace py = pybind11;
+
+void bind_tree(py::module_& m);  // csrc/bindings/tree_bindings.cpp
 
 namespace {
 
@@ -71,10 +80,169 @@ void dequantize(const py::buffer& raw, int qtype, const py::buffer& out) {
   }
 }
 
+
+// ---------------------------------------------------------------------------
+// Flash reader and checksums
+
+using lever::io::FailureKind;
+using lever::io::FlashReader;
+using lever::io::FlashReadError;
+
+const char* failure_reason(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kOpen: return "open";
+    case FailureKind::kUnavailable: return "unavailable";
+    case FailureKind::kIo: return "io";
+    case FailureKind::kShortRead: return "short_read";
+    case FailureKind::kChecksum: return "checksum";
+    case FailureKind::kCancelled: return "cancelled";
+  }
+  return "io";
+}
+
+// Raises lever.errors.ChecksumError / FlashReadError (LeverError subclasses,
+// defined in Python) with label, path, offset and reason attributes.
+void set_flash_read_error(const FlashReadError& e) {
+  try {
+    py::module_ errors = py::module_::import("lever.errors");
+    py::object cls = errors.attr(e.kind == FailureKind::kChecksum ? "ChecksumError" : "FlashReadError");
+    py::object exc = cls(e.what());
+    exc.attr("label") = e.label;
+    exc.attr("path") = e.path;
+    exc.attr("offset") = e.offset >= 0 ? py::object(py::int_(e.offset)) : py::object(py::none());
+    exc.attr("reason") = failure_reason(e.kind);
+    PyErr_SetObject(cls.ptr(), exc.ptr());
+  } catch (py::error_already_set&) {  // lever.errors not importable: still say what failed
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
+
+uint32_t crc32c(const py::buffer& data, uint32_t value) {
+  const py::buffer_info info = data.request();
+  require_c_contiguous(info, "data");
+  const auto n_bytes = static_cast<size_t>(info.size) * static_cast<size_t>(info.itemsize);
+  py::gil_scoped_release no_gil;
+  return lever::io::crc32c(info.ptr, n_bytes, value);
+}
+
+py::object none_if_empty(const std::string& s) {
+  return s.empty() ? py::object(py::none()) : py::object(py::str(s));
+}
+
+py::dict stats_dict(const FlashReader& reader) {
+  const lever::io::ReaderStats s = reader.stats();
+  py::dict d;
+  d["backend"] = s.backend;
+  d["direct"] = s.direct;
+  d["fallback_reason"] = none_if_empty(s.fallback_reason());
+  d["backend_reason"] = none_if_empty(s.backend_reason);
+  d["direct_reason"] = none_if_empty(s.direct_reason);
+  d["registered_buffers"] = s.registered_buffers;
+  d["queue_depth"] = s.queue_depth;
+  d["chunk_bytes"] = s.chunk_bytes;
+  d["pread_threads"] = s.pread_threads;
+  d["max_bytes_per_s"] = s.max_bytes_per_s;
+  d["crc32c_implementation"] = s.crc32c_implementation;
+  d["bytes_read"] = s.bytes_read;
+  d["reads"] = s.reads;
+  d["extents"] = s.extents;
+  d["wait_s"] = s.wait_s;
+  d["busy_s"] = s.busy_s;
+  d["checksum_s"] = s.checksum_s;
+  return d;
+}
+
+std::unique_ptr<FlashReader> make_reader(const std::string& path, size_t slot_bytes, int n_slots,
+                                         const std::string& backend, bool direct, int queue_depth,
+                                         uint32_t chunk_bytes, int pread_threads,
+                                         double max_bytes_per_s) {
+  lever::io::ReaderOptions options;
+  options.backend = backend;
+  options.direct = direct;
+  options.queue_depth = queue_depth;
+  options.chunk_bytes = chunk_bytes;
+  options.pread_threads = pread_threads;
+  options.max_bytes_per_s = max_bytes_per_s;
+  py::gil_scoped_release no_gil;
+  return std::make_unique<FlashReader>(path, slot_bytes, n_slots, options);
+}
+
+void reader_submit(FlashReader& reader, int slot, uint64_t offset, uint64_t length,
+                   std::optional<std::vector<uint32_t>> chunk_crcs, std::string label) {
+  std::vector<uint32_t> crcs = chunk_crcs ? std::move(*chunk_crcs) : std::vector<uint32_t>();
+  py::gil_scoped_release no_gil;
+  reader.submit(slot, offset, length, std::move(crcs), std::move(label));
+}
+
+// A read-only uint8 view of the slot; it keeps the reader object alive.
+py::array reader_wait(const py::object& self, int slot) {
+  FlashReader& reader = self.cast<FlashReader&>();
+  lever::io::SlotView view{nullptr, 0};
+  {
+    py::gil_scoped_release no_gil;
+    view = reader.wait(slot);
+  }
+  py::array_t<uint8_t> array({static_cast<py::ssize_t>(view.length)}, {py::ssize_t{1}},
+                             view.data, self);
+  array.attr("setflags")(py::arg("write") = false);
+  return std::move(array);
+}
+
+void reader_read(FlashReader& reader, uint64_t offset, uint64_t length, const py::buffer& out,
+                 std::optional<std::vector<uint32_t>> chunk_crcs, const std::string& label) {
+  const py::buffer_info info = out.request(/*writable=*/true);
+  require_c_contiguous(info, "out");
+  const auto n_bytes = static_cast<uint64_t>(info.size) * static_cast<uint64_t>(info.itemsize);
+  if (n_bytes < length) {
+    throw py::value_error("read: out holds " + std::to_string(n_bytes) + " bytes, fewer than length " +
+                          std::to_string(length));
+  }
+  const std::vector<uint32_t> crcs = chunk_crcs ? std::move(*chunk_crcs) : std::vector<uint32_t>();
+  py::gil_scoped_release no_gil;
+  reader.read(offset, length, static_cast<uint8_t*>(info.ptr), crcs, label);
+}
+
+void bind_flash_reader(py::module_& m) {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const FlashReadError& e) {
+      set_flash_read_error(e);
+    }
+  });
+
+  m.def("crc32c", &crc32c, py::arg("data"), py::arg("value") = 0,
+        R"doc(CRC32C (Castagnoli) of a C-contiguous buffer's bytes, continuing from
+`value` (the CRC of the preceding bytes; zlib convention, so
+crc32c(b, crc32c(a)) == crc32c(a + b)). Releases the GIL.)doc");
+  m.def("crc32c_implementation", &lever::io::crc32c_implementation,
+        "CRC32C code in use: 'sse4.2', 'armv8-crc' or 'slicing-by-8'.");
+
+  py::class_<FlashReader>(m, "FlashReader", R"doc(Asynchronous checksummed reads of one file into aligned slot buffers.
+See lever.store.flash_reader.FlashReader for the documented wrapper.)doc")
+      .def(py::init(&make_reader), py::arg("path"), py::arg("slot_bytes"), py::arg("n_slots"),
+           py::arg("backend") = "auto", py::arg("direct") = true, py::arg("queue_depth") = 8,
+           py::arg("chunk_bytes") = 1u << 20, py::arg("pread_threads") = 4,
+           py::arg("max_bytes_per_s") = 0.0)
+      .def("submit", &reader_submit, py::arg("slot"), py::arg("offset"), py::arg("length"),
+           py::arg("chunk_crcs") = py::none(), py::arg("label") = "")
+      .def("wait", &reader_wait, py::arg("slot"))
+      .def("ready", &FlashReader::ready, py::arg("slot"))
+      .def("read", &reader_read, py::arg("offset"), py::arg("length"), py::arg("out"),
+           py::arg("chunk_crcs") = py::none(), py::arg("label") = "")
+      .def("stats", &stats_dict)
+      .def("reset_stats", &FlashReader::reset_stats)
+      .def("close", &FlashReader::close, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("closed", &FlashReader::closed)
+      .def_property_readonly("path", &FlashReader::path)
+      .def_property_readonly("slot_bytes", &FlashReader::slot_bytes)
+      .def_property_readonly("n_slots", &FlashReader::n_slots);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "Lever's native core (C++): GGUF dequantisation and a thread pool.";
+  m.doc() = "Lever's native core (C++): GGUF dequantisation, a thread pool, the flash reader.";
 
   m.def("dequantize", &dequantize, py::arg("raw"), py::arg("qtype"), py::arg("out"),
         R"doc(Dequantise GGUF/ggml tensor data into `out`.
@@ -97,4 +265,8 @@ Releases the GIL and runs on the native thread pool.)doc");
         "Size the native thread pool to n threads (n <= 0: one per available CPU).");
   m.def("get_num_threads", &lever::get_num_threads,
         "Threads of the native thread pool, the calling thread included.");
+
+  bind_flash_reader(m);
+
+  bind_tree(m);
 }

@@ -112,6 +112,43 @@ def load(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
     return LoadedModel(decoder, tokenizer, path, load_s=time.perf_counter() - t0)
 
 
+def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str | torch.dtype = "bfloat16",
+               backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
+               cache_dir: str | os.PathLike | None = None) -> LoadedModel:
+    """A target streamed from a flash store (`lever convert`) under a DRAM budget
+    ('600MB', '1.5GiB' or bytes). Its `.model.report()` gives the I/O statistics."""
+    from .store.residency import parse_size
+    from .store.streamed import StreamedDecoder
+
+    t0 = time.perf_counter()
+    model = StreamedDecoder(store_dir, parse_size(dram_budget), parse_dtype(dtype), backend=backend,
+                            prefetch_depth=prefetch_depth, kv_tokens=kv_tokens)
+    tokenizer = store_tokenizer(store_dir, cache_dir)
+    return LoadedModel(model, tokenizer, Path(store_dir), load_s=time.perf_counter() - t0)
+
+
+def store_tokenizer(store_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Tokenizer:
+    """The tokenizer recorded in a flash store (its GGUF tokenizer metadata)."""
+    import json
+
+    from .store.manifest import TOKENIZER
+
+    meta_path = Path(store_dir) / TOKENIZER
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelFormatError(f"{meta_path}: cannot read the store's tokenizer ({e})") from None
+    return Tokenizer.from_gguf(_MetadataOnly(meta, meta_path), cache_dir=cache_root(cache_dir) / "tokenizers")
+
+
+@dataclass
+class _MetadataOnly:
+    """The part of a GGUFFile that the tokenizer builder reads."""
+
+    metadata: dict
+    path: Path
+
+
 def generate(prompt: str, model: str | LoadedModel = DEFAULT_MODEL, **kwargs) -> Completion:
     """One-shot: load `model` (unless already loaded) and generate from `prompt`."""
     loaded = model if isinstance(model, LoadedModel) else load(model)

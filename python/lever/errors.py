@@ -28,3 +28,28 @@ class UnsupportedModelError(LeverError):
 
 class ContextOverflowError(LeverError):
     """The prompt (plus requested tokens) does not fit the model's context."""
+
+
+class StoreError(LeverError):
+    """A flash store that is missing, incomplete, or inconsistent with its manifest."""
+
+
+class DramBudgetError(LeverError):
+    """The DRAM budget is too small for the store (the message states the minimum)."""
+
+
+class FlashReadError(LeverError):
+    """Reading a store's weights from flash failed.
+
+    Raised by `lever.store.flash_reader.FlashReader` (from `wait()`, `read()`
+    or the constructor). The message names the extent's label ("layer 7"),
+    the file, the file offset of the failing chunk and the reason. Attributes
+    set by the reader: `label`, `path`, `offset` (bytes, or None) and `reason`
+    -- "io" (an errno), "short_read" (the file is truncated), "checksum",
+    "cancelled" (the reader was closed), "open" or "unavailable" (the
+    requested backend cannot be used here).
+    """
+
+
+class ChecksumError(FlashReadError):
+    """A chunk read from flash does not match its stored CRC32C."""

@@ -26,6 +26,19 @@ def add_parser(subparsers) -> None:
                    help="compute dtype (default bfloat16)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     p.add_argument("--cache-dir", default=None, help="where assembled models and tokenizers are cached")
+    flash = p.add_argument_group("flash-resident target")
+    flash.add_argument("--target-store", default=None, metavar="DIR",
+                       help="stream the target from this store (see `lever convert`) instead of --model")
+    flash.add_argument("--dram-budget", default="600MB", metavar="SIZE",
+                       help="DRAM the target may use: pinned layers, buffers, KV cache (default 600MB)")
+    flash.add_argument("--mode", default="ar", choices=["ar"],
+                       help="decoding mode: ar = autoregressive, the target streamed every token")
+    flash.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
+                       help="flash reader backend (auto: io_uring, else a pread thread pool)")
+    flash.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
+                       help="extents kept in flight ahead of the computing layer (default 2)")
+    flash.add_argument("--drop-caches", action="store_true",
+                       help="drop the OS page cache before the run (needs root; the result is reported)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end (token ids, text, timing) instead of streaming")
     p.set_defaults(run=run)
@@ -40,7 +53,17 @@ def run(args: argparse.Namespace) -> int:
         SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     except ValueError as e:
         raise LeverError(str(e)) from None
-    loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True)
+    page_cache = None
+    if args.target_store:
+        from ..api import load_store
+        from ..store.flash_reader import drop_page_cache
+        if args.drop_caches:
+            page_cache = drop_page_cache()
+        loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
+                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
+                            kv_tokens=_kv_tokens(args))
+    else:
+        loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -52,9 +75,12 @@ def run(args: argparse.Namespace) -> int:
                                  on_text=None if args.json else stream)
     if args.json:
         out = completion.to_json()
-        out["model"] = args.model
+        out["model"] = args.target_store or args.model
         out["path"] = str(loaded.path)
         out["dtype"] = args.dtype
+        if args.target_store:
+            out["mode"] = args.mode
+            out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), page_cache)
         print(json.dumps(out))
     else:
         sys.stdout.write("\n")
@@ -62,3 +88,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{len(r.token_ids)} tokens, prefill {r.prefill_s:.2f} s, "
               f"decode {r.decode_tokens_per_s:.1f} tokens/s, stop: {r.stop_reason}]", file=sys.stderr)
     return 0
+
+
+def _kv_tokens(args) -> int:
+    """KV cache rows to budget for: a generous prompt allowance plus the new tokens."""
+    return 1024 + max(0, args.max_new_tokens)
+
+
+def flash_stats(report: dict, new_tokens: int, page_cache: str | None) -> dict:
+    """The streamed target's run statistics, with per-token figures (bytes, seconds)."""
+    per_token = report["passes"] and report["bytes_read"] / max(1, new_tokens)
+    return {**report, "bytes_read_per_token": per_token, "page_cache": page_cache or "not dropped"}

@@ -25,7 +25,7 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER_NAMES = {
+LAYER_TENSOR_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
     "attn_q.bias": "self_attn.q_proj.bias",
@@ -47,8 +47,8 @@ def decoder_name(gguf_name: str) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m and m.group(2) in LAYER_TENSOR_NAMES:
+        return f"layers.{m.group(1)}.{LAYER_TENSOR_NAMES[m.group(2)]}"
     return None
 
 

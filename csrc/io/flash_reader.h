@@ -1,0 +1,207 @@
+// FlashReader: asynchronous, checksummed reads of large aligned extents of
+// one file (a store's weights.bin) into a ring of aligned slot buffers.
+//
+//   FlashReader r(path, slot_bytes, n_slots, options);
+//   r.submit(slot, offset, length, crcs, "layer 7");  // returns at once
+//   ...                                                 // compute meanwhile
+//   SlotView v = r.wait(slot);                          // bytes, verified
+//
+// Every extent is cut into chunks of options.chunk_bytes; at most
+// options.queue_depth chunk reads are in flight, and each chunk's CRC32C is
+// checked as soon as it arrives, on an I/O thread. Reads go through io_uring
+// (registered buffers, READ_FIXED) or, where that is missing or blocked,
+// through a pread thread pool; the file is opened with O_DIRECT unless the
+// file system refuses it. Which of these happened is reported in stats().
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "io/read_backend.h"
+
+namespace lever {
+namespace io {
+
+struct ReaderOptions {
+  std::string backend = "auto";    // "auto" (io_uring, else pread), "io_uring" or "pread"
+  bool direct = true;              // open with O_DIRECT (bypass the page cache)
+  int queue_depth = 8;             // chunk reads in flight at most
+  uint32_t chunk_bytes = 1u << 20;  // bytes per read: a power of two, >= 4096
+  int pread_threads = 4;           // threads of the pread backend
+  double max_bytes_per_s = 0;      // pace reads to emulate slower flash; 0: unlimited
+};
+
+struct ReaderStats {
+  // Configuration as it turned out.
+  std::string backend;           // "io_uring" or "pread"
+  bool direct = false;           // O_DIRECT in use
+  bool direct_requested = true;  // O_DIRECT was asked for
+  std::string backend_reason;    // why not io_uring ("" if as requested)
+  std::string direct_reason;     // why not O_DIRECT ("" if in use)
+  bool registered_buffers = false;  // io_uring READ_FIXED on the slot buffers
+  std::string buffers_reason;    // why not registered ("" if registered or pread)
+  int queue_depth = 0;
+  uint32_t chunk_bytes = 0;
+  int pread_threads = 0;         // 0 with io_uring
+  double max_bytes_per_s = 0;
+  const char* crc32c_implementation = "";
+  // Counters since construction or reset_stats().
+  uint64_t bytes_read = 0;   // bytes read from the file
+  uint64_t reads = 0;        // chunk reads completed
+  uint64_t extents = 0;      // submit() and read() calls
+  double wait_s = 0;         // seconds callers were blocked in wait() and read()
+  double busy_s = 0;         // seconds with at least one read in flight
+  double checksum_s = 0;     // CPU seconds spent computing CRC32C
+
+  // Everything that is not as requested (io_uring, O_DIRECT, registered
+  // buffers), "; "-separated; "" if nothing fell back.
+  std::string fallback_reason() const;
+};
+
+// Why a read failed.
+enum class FailureKind {
+  kOpen,         // the file could not be opened
+  kUnavailable,  // the requested backend cannot be used here
+  kIo,           // the read returned an errno
+  kShortRead,    // the file ended before the extent did
+  kChecksum,     // a chunk's CRC32C differs from the expected one
+  kCancelled,    // the reader was closed before the read was issued
+};
+
+// A read that failed. what() names the label, the file, the file offset of
+// the failing chunk and the reason.
+class FlashReadError : public std::runtime_error {
+ public:
+  FlashReadError(FailureKind kind, const std::string& message, std::string path,
+                 std::string label, int64_t offset)
+      : std::runtime_error(message),
+        kind(kind), path(std::move(path)), label(std::move(label)), offset(offset) {}
+  FailureKind kind;
+  std::string path;
+  std::string label;
+  int64_t offset;  // file offset of the failing chunk, bytes; -1 if none
+};
+
+// A slot's bytes after wait(): valid until the slot is submitted again.
+struct SlotView {
+  const uint8_t* data;
+  size_t length;  // bytes
+};
+
+class FlashReader final : private ChunkSink {
+ public:
+  // Opens `path` read-only and allocates n_slots buffers of slot_bytes
+  // (a multiple of 4096) each, 4096-aligned. Throws std::invalid_argument
+  // for bad arguments and FlashReadError if the file cannot be opened or
+  // options.backend == "io_uring" is unavailable.
+  FlashReader(const std::string& path, size_t slot_bytes, int n_slots,
+              const ReaderOptions& options = ReaderOptions());
+  ~FlashReader() override;  // close(), then frees the buffers
+  FlashReader(const FlashReader&) = delete;
+  FlashReader& operator=(const FlashReader&) = delete;
+
+  // Starts reading [offset, offset + length) of the file into `slot` and
+  // returns. offset and length: bytes, multiples of 4096, length <=
+  // slot_bytes. chunk_crcs: empty, or the expected CRC32C of each chunk of
+  // the extent (chunk_bytes each, the last one possibly shorter). `label`
+  // names the extent in errors ("layer 7"). The slot must not have reads in
+  // flight (wait() for it first).
+  void submit(int slot, uint64_t offset, uint64_t length, std::vector<uint32_t> chunk_crcs,
+              std::string label);
+
+  // Blocks until the slot's extent is read and verified and returns its
+  // bytes; throws FlashReadError if a chunk failed. May be called again.
+  SlotView wait(int slot);
+
+  // True if wait(slot) would not block.
+  bool ready(int slot);
+
+  // Reads [offset, offset + length) into `out` (length bytes) and returns
+  // when it is verified (a synchronous submit + wait without a slot). With
+  // O_DIRECT, `out` should be 4096-aligned; otherwise the bytes go through
+  // two aligned staging buffers and are copied.
+  void read(uint64_t offset, uint64_t length, uint8_t* out, const std::vector<uint32_t>& chunk_crcs,
+            const std::string& label);
+
+  ReaderStats stats() const;
+  void reset_stats();
+
+  // Cancels queued reads, waits for the ones in flight, stops the I/O
+  // threads and closes the file. Slot buffers stay allocated (views of them
+  // remain readable) until the destructor. Safe to call more than once.
+  void close();
+  bool closed() const;
+
+  const std::string& path() const { return path_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  int n_slots() const { return static_cast<int>(slots_.size()); }
+
+ private:
+  struct Extent;
+  class AlignedBuffer;
+  class BusyClock;
+  class Pacer;
+  struct Slot;
+
+  // ChunkSink (called from the backend's threads).
+  void on_chunk_issued(ChunkRead& chunk) override;
+  void on_chunk_done(const ChunkRead& chunk, const ChunkResult& result) override;
+  void on_chunk_cancelled(const ChunkRead& chunk) override;
+
+  void open_file(bool want_direct);
+  void create_backend(const ReaderOptions& options);
+  void check_extent_args(const char* what, uint64_t offset, uint64_t length,
+                         size_t n_crcs) const;
+  uint32_t count_chunks(uint64_t length) const;
+  void reset_extent(Extent& e, uint64_t offset, uint64_t length, uint8_t* dest,
+                    int fixed_buffer, std::string label, std::vector<uint32_t> crcs);
+  void start_extent(Extent& extent);
+  void await_extent(Extent& extent);
+  void drain_extent(Extent& extent);
+  void read_staged(uint64_t offset, uint64_t length, uint8_t* out,
+                   const std::vector<uint32_t>& chunk_crcs, const std::string& label);
+  std::string describe_failure(const Extent& extent, const ChunkRead& chunk,
+                               const ChunkResult& result, uint32_t actual_crc,
+                               FailureKind* kind) const;
+  void record_failure_locked(Extent& e, const ChunkRead& chunk, FailureKind kind,
+                             std::string message);
+  void finish_chunk_locked(Extent& e);
+  Slot& slot_at(int slot, const char* what);
+
+  const std::string path_;
+  const size_t slot_bytes_;
+  const uint32_t chunk_bytes_;
+  const int queue_depth_;
+  const bool direct_requested_;
+  const double max_bytes_per_s_;
+  int fd_ = -1;
+  bool direct_ = false;
+  std::string direct_reason_;
+  std::string backend_reason_;
+  std::string buffers_reason_;
+  bool registered_buffers_ = false;
+  int pread_threads_ = 0;
+
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::unique_ptr<BusyClock> busy_;
+  std::unique_ptr<Pacer> pacer_;
+  std::unique_ptr<ReadBackend> backend_;
+
+  mutable std::mutex mutex_;  // guards extents' progress, counters, closed_
+  std::condition_variable done_cv_;  // an extent completed
+  bool closed_ = false;
+  uint64_t bytes_read_ = 0;
+  uint64_t reads_ = 0;
+  uint64_t extents_ = 0;
+  double wait_s_ = 0;
+  double checksum_s_ = 0;
+};
+
+}  // namespace io
+}  // namespace lever

@@ -1,0 +1,413 @@
+// The io_uring backend, through raw system calls (no liburing): the kernel's
+// uapi header <linux/io_uring.h> gives the structures, and the rings are
+// mmapped here. That keeps the wheel free of runtime dependencies and the
+// code cross-compilable for Android.
+//
+// How it works:
+//   - The submission queue (SQ) is filled under `mutex_`, from the thread
+//     calling enqueue() and from the reaper thread; each read carries the
+//     index of a Tag (one per possible read in flight) as its user_data.
+//   - One reaper thread blocks in io_uring_enter(GETEVENTS) until reads
+//     complete, takes the completions off the completion queue (CQ), issues
+//     the next queued chunks at once (so the device never idles while
+//     checksums are computed), then reports the finished chunks to the sink.
+//   - Ring indices are shared with the kernel: we read what the kernel
+//     writes with acquire loads and publish what we write with release
+//     stores, so the entries themselves are visible before the index moves.
+
+#include <errno.h>
+#include <linux/io_uring.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "io/read_backend.h"
+
+// The io_uring system calls have the same numbers on every architecture of
+// the unified syscall table (x86-64, aarch64, ...); older libc headers may
+// not name them.
+#ifndef __NR_io_uring_setup
+#define __NR_io_uring_setup 425
+#endif
+#ifndef __NR_io_uring_enter
+#define __NR_io_uring_enter 426
+#endif
+#ifndef __NR_io_uring_register
+#define __NR_io_uring_register 427
+#endif
+
+namespace lever {
+namespace io {
+namespace {
+
+std::string errno_text(int err) {
+  return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
+}
+
+// ---------------------------------------------------------------------------
+// A minimal io_uring: setup, the two mmapped rings, submit and reap.
+// The SQ side must be used by one thread at a time (the backend's mutex),
+// the CQ side by the reaper only.
+class Ring {
+ public:
+  Ring() = default;
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+  ~Ring() { close(); }
+
+  // Creates a ring of at least `entries` SQ entries. 0 or -errno.
+  int setup(unsigned entries) {
+    io_uring_params params;
+    std::memset(&params, 0, sizeof(params));
+    const long fd = syscall(__NR_io_uring_setup, entries, &params);
+    if (fd < 0) return -errno;
+    fd_ = static_cast<int>(fd);
+
+    // Sizes of the two ring mappings; one mapping serves both on 5.4+.
+    sq_map_bytes_ = params.sq_off.array + params.sq_entries * sizeof(unsigned);
+    cq_map_bytes_ = params.cq_off.cqes + params.cq_entries * sizeof(io_uring_cqe);
+    const bool single_mmap = (params.features & IORING_FEAT_SINGLE_MMAP) != 0;
+    if (single_mmap) sq_map_bytes_ = cq_map_bytes_ = std::max(sq_map_bytes_, cq_map_bytes_);
+
+    sq_map_ = map(sq_map_bytes_, IORING_OFF_SQ_RING);
+    if (sq_map_ == nullptr) return fail_setup();
+    cq_map_ = single_mmap ? sq_map_ : map(cq_map_bytes_, IORING_OFF_CQ_RING);
+    if (cq_map_ == nullptr) return fail_setup();
+    sqes_bytes_ = params.sq_entries * sizeof(io_uring_sqe);
+    sqes_ = static_cast<io_uring_sqe*>(map(sqes_bytes_, IORING_OFF_SQES));
+    if (sqes_ == nullptr) return fail_setup();
+
+    auto* sq = static_cast<char*>(sq_map_);
+    sq_head_ = reinterpret_cast<unsigned*>(sq + params.sq_off.head);
+    sq_tail_ = reinterpret_cast<unsigned*>(sq + params.sq_off.tail);
+    sq_mask_ = *reinterpret_cast<unsigned*>(sq + params.sq_off.ring_mask);
+    sq_entries_ = params.sq_entries;
+    sq_array_ = reinterpret_cast<unsigned*>(sq + params.sq_off.array);
+    auto* cq = static_cast<char*>(cq_map_);
+    cq_head_ = reinterpret_cast<unsigned*>(cq + params.cq_off.head);
+    cq_tail_ = reinterpret_cast<unsigned*>(cq + params.cq_off.tail);
+    cq_mask_ = *reinterpret_cast<unsigned*>(cq + params.cq_off.ring_mask);
+    cqes_ = reinterpret_cast<io_uring_cqe*>(cq + params.cq_off.cqes);
+    sqe_tail_ = *sq_tail_;
+    return 0;
+  }
+
+  // Registers buffers for IORING_OP_READ_FIXED (pins their pages). 0 or -errno.
+  int register_buffers(const std::vector<iovec>& buffers) {
+    const long r = syscall(__NR_io_uring_register, fd_, IORING_REGISTER_BUFFERS, buffers.data(),
+                           static_cast<unsigned>(buffers.size()));
+    return r < 0 ? -errno : 0;
+  }
+
+  // A zeroed SQE to fill in, or nullptr when the SQ is full.
+  io_uring_sqe* next_sqe() {
+    const unsigned head = __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE);
+    if (sqe_tail_ - head >= sq_entries_) return nullptr;
+    const unsigned index = sqe_tail_ & sq_mask_;
+    io_uring_sqe* sqe = &sqes_[index];
+    std::memset(sqe, 0, sizeof(*sqe));
+    sq_array_[index] = index;
+    ++sqe_tail_;
+    return sqe;
+  }
+
+  // Hands every SQE filled since the last call to the kernel. 0 or -errno.
+  int submit() {
+    const unsigned published = *sq_tail_;
+    if (sqe_tail_ != published) {
+      unsubmitted_ += sqe_tail_ - published;
+      __atomic_store_n(sq_tail_, sqe_tail_, __ATOMIC_RELEASE);  // SQEs first, then the tail
+    }
+    int busy_retries = 0;
+    while (unsubmitted_ > 0) {
+      const long n = syscall(__NR_io_uring_enter, fd_, unsubmitted_, 0, 0, nullptr, 0);
+      if (n >= 0) {
+        unsubmitted_ -= static_cast<unsigned>(n);
+        continue;
+      }
+      if (errno == EINTR) continue;
+      // EAGAIN / EBUSY: the kernel is short of memory or of CQ room for a
+      // moment; the entries stay in the ring, so try again shortly.
+      if ((errno == EAGAIN || errno == EBUSY) && ++busy_retries < 1000) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
+      return -errno;
+    }
+    return 0;
+  }
+
+  // Blocks until at least one completion is waiting. 0 or -errno.
+  int wait() {
+    for (;;) {
+      const long r = syscall(__NR_io_uring_enter, fd_, 0, 1, IORING_ENTER_GETEVENTS, nullptr, 0);
+      if (r >= 0) return 0;
+      if (errno != EINTR) return -errno;
+    }
+  }
+
+  // Copies the oldest completion to *out and frees its CQ entry; false if none.
+  bool pop(io_uring_cqe* out) {
+    const unsigned head = *cq_head_;  // only this thread writes it
+    const unsigned tail = __atomic_load_n(cq_tail_, __ATOMIC_ACQUIRE);
+    if (head == tail) return false;
+    *out = cqes_[head & cq_mask_];
+    __atomic_store_n(cq_head_, head + 1, __ATOMIC_RELEASE);  // the kernel may reuse it now
+    return true;
+  }
+
+  // Unmaps the rings and closes the ring (which also unregisters buffers).
+  void close() {
+    if (sqes_ != nullptr) munmap(sqes_, sqes_bytes_);
+    if (cq_map_ != nullptr && cq_map_ != sq_map_) munmap(cq_map_, cq_map_bytes_);
+    if (sq_map_ != nullptr) munmap(sq_map_, sq_map_bytes_);
+    sqes_ = nullptr;
+    cq_map_ = sq_map_ = nullptr;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  void* map(size_t bytes, off_t what) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, what);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+
+  int fail_setup() {
+    const int err = errno;
+    close();
+    return -err;
+  }
+
+  int fd_ = -1;
+  void* sq_map_ = nullptr;
+  void* cq_map_ = nullptr;
+  size_t sq_map_bytes_ = 0;
+  size_t cq_map_bytes_ = 0;
+  io_uring_sqe* sqes_ = nullptr;
+  size_t sqes_bytes_ = 0;
+
+  unsigned* sq_head_ = nullptr;  // written by the kernel
+  unsigned* sq_tail_ = nullptr;  // written by us
+  unsigned* sq_array_ = nullptr;
+  unsigned sq_mask_ = 0;
+  unsigned sq_entries_ = 0;
+  unsigned sqe_tail_ = 0;        // SQEs handed out by next_sqe()
+  unsigned unsubmitted_ = 0;     // published but not yet taken by io_uring_enter
+
+  unsigned* cq_head_ = nullptr;  // written by us
+  unsigned* cq_tail_ = nullptr;  // written by the kernel
+  unsigned cq_mask_ = 0;
+  io_uring_cqe* cqes_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+
+// user_data of the NOP that wakes the reaper at shutdown (tags are small).
+constexpr uint64_t kWakeUpTag = ~uint64_t{0};
+
+class IoUringBackend final : public ReadBackend {
+ public:
+  IoUringBackend(const IoUringConfig& config, ChunkSink& sink)
+      : fd_(config.fd), direct_(config.direct), sink_(sink), tags_(config.queue_depth) {
+    for (size_t i = tags_.size(); i > 0; --i) free_tags_.push_back(static_cast<uint32_t>(i - 1));
+  }
+
+  ~IoUringBackend() override { shutdown(); }
+
+  // Ring setup and buffer registration; see make_io_uring_backend.
+  bool init(const IoUringConfig& config, std::string* error, std::string* buffers_note) {
+    // One SQE per read in flight plus one for the shutdown NOP.
+    const int err = ring_.setup(static_cast<unsigned>(config.queue_depth) + 1);
+    if (err != 0) {
+      *error = "io_uring_setup failed: " + errno_text(-err);
+      return false;
+    }
+    if (!config.fixed_buffers.empty()) {
+      const int reg = ring_.register_buffers(config.fixed_buffers);
+      registered_ = reg == 0;
+      if (!registered_) {
+        *buffers_note = "could not register the slot buffers with io_uring (" + errno_text(-reg) +
+                        "; RLIMIT_MEMLOCK?); reading with IORING_OP_READV instead of READ_FIXED";
+      }
+    }
+    reaper_ = std::thread([this] { reaper_loop(); });
+    return true;
+  }
+
+  const char* name() const override { return "io_uring"; }
+
+  void enqueue(const std::vector<ChunkRead>& chunks) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!stopping_) {
+        queued_.insert(queued_.end(), chunks.begin(), chunks.end());
+        issue_queued_locked();
+        return;
+      }
+    }
+    for (const ChunkRead& chunk : chunks) sink_.on_chunk_cancelled(chunk);
+  }
+
+  void shutdown() override {
+    std::deque<ChunkRead> cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      cancelled.swap(queued_);
+      // With nothing in flight the reaper may be asleep in wait(): wake it
+      // with a NOP. Otherwise it exits once the last read in flight is over.
+      if (reaper_.joinable() && tags_in_use() == 0) {
+        if (io_uring_sqe* sqe = ring_.next_sqe()) {
+          sqe->opcode = IORING_OP_NOP;
+          sqe->user_data = kWakeUpTag;
+          submit_locked();
+        }
+      }
+    }
+    for (const ChunkRead& chunk : cancelled) sink_.on_chunk_cancelled(chunk);
+    if (reaper_.joinable()) reaper_.join();
+    ring_.close();
+  }
+
+ private:
+  // One read in flight.
+  struct Tag {
+    ChunkRead chunk;
+    uint32_t done = 0;  // bytes of the chunk read so far (short reads go on)
+    iovec iov{};        // for IORING_OP_READV
+  };
+
+  // A chunk whose read is over, to report to the sink.
+  struct Finished {
+    ChunkRead chunk;
+    ChunkResult result;
+  };
+
+  size_t tags_in_use() const { return tags_.size() - free_tags_.size(); }
+
+  // Issues queued chunks while there is a free tag (queue depth), and
+  // submits them together with any re-issued reads. Holds mutex_.
+  void issue_queued_locked() {
+    while (!free_tags_.empty() && !queued_.empty()) {
+      const uint32_t t = free_tags_.back();
+      free_tags_.pop_back();
+      tags_[t].chunk = queued_.front();
+      tags_[t].done = 0;
+      queued_.pop_front();
+      sink_.on_chunk_issued(tags_[t].chunk);
+      prepare_read_locked(t);
+    }
+    submit_locked();  // no system call when there is nothing new
+  }
+
+  // Fills an SQE reading the rest of tag t's chunk. Holds mutex_.
+  void prepare_read_locked(uint32_t t) {
+    Tag& tag = tags_[t];
+    io_uring_sqe* sqe = ring_.next_sqe();  // never full: tags < SQ entries
+    sqe->fd = fd_;
+    sqe->off = tag.chunk.file_offset + tag.done;
+    sqe->len = tag.chunk.length - tag.done;
+    sqe->user_data = t;
+    uint8_t* dest = tag.chunk.dest + tag.done;
+    if (registered_ && tag.chunk.fixed_buffer >= 0) {
+      sqe->opcode = IORING_OP_READ_FIXED;
+      sqe->addr = reinterpret_cast<uint64_t>(dest);
+      sqe->buf_index = static_cast<uint16_t>(tag.chunk.fixed_buffer);
+    } else {
+      // READV rather than READ: READV exists since 5.1, READ only since 5.6.
+      tag.iov.iov_base = dest;
+      tag.iov.iov_len = sqe->len;
+      sqe->opcode = IORING_OP_READV;
+      sqe->addr = reinterpret_cast<uint64_t>(&tag.iov);
+      sqe->len = 1;  // one iovec
+    }
+  }
+
+  // Submits the prepared SQEs. Only a broken ring fails here (transient
+  // EAGAIN/EBUSY are retried inside Ring::submit); the entries then stay in
+  // the SQ and the next submit tries them again. Holds mutex_.
+  void submit_locked() { (void)ring_.submit(); }
+
+  // Handles one completion: the chunk is finished (added to *finished) or
+  // re-issued for its remaining bytes. Holds mutex_.
+  void complete_locked(const io_uring_cqe& cqe, std::vector<Finished>* finished) {
+    if (cqe.user_data == kWakeUpTag) return;
+    const auto t = static_cast<uint32_t>(cqe.user_data);
+    Tag& tag = tags_[t];
+    const int res = cqe.res;
+    if (res == -EAGAIN || res == -EINTR) {  // transient: issue the same read again
+      prepare_read_locked(t);
+      return;
+    }
+    ChunkResult result;
+    if (res < 0) {
+      result = {tag.done, -res};
+    } else {
+      tag.done += static_cast<uint32_t>(res);
+      const bool short_read = tag.done < tag.chunk.length;
+      if (short_read && res > 0 &&
+          can_continue_short_read(direct_, tag.chunk.file_offset + tag.done)) {
+        prepare_read_locked(t);  // read the rest
+        return;
+      }
+      result = {tag.done, 0};  // complete, or stopped at the end of the file
+    }
+    finished->push_back({tag.chunk, result});
+    free_tags_.push_back(t);
+  }
+
+  void reaper_loop() {
+    std::vector<Finished> finished;
+    for (;;) {
+      if (ring_.wait() != 0) {
+        // Cannot happen with a valid ring (EINTR is retried); do not spin.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      bool exit = false;
+      finished.clear();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        io_uring_cqe cqe;
+        while (ring_.pop(&cqe)) complete_locked(cqe, &finished);
+        issue_queued_locked();  // keep the device busy while we verify
+        exit = stopping_ && tags_in_use() == 0;
+      }
+      for (const Finished& f : finished) sink_.on_chunk_done(f.chunk, f.result);
+      if (exit) return;
+    }
+  }
+
+  const int fd_;
+  const bool direct_;
+  ChunkSink& sink_;
+  Ring ring_;
+  bool registered_ = false;  // slot buffers registered: READ_FIXED
+  std::thread reaper_;
+
+  std::mutex mutex_;  // guards the SQ side of ring_ and the fields below
+  std::vector<Tag> tags_;           // one per read that may be in flight
+  std::vector<uint32_t> free_tags_;
+  std::deque<ChunkRead> queued_;    // chunks waiting for a free tag
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ReadBackend> make_io_uring_backend(const IoUringConfig& config,
+                                                   ChunkSink& sink, std::string* error,
+                                                   std::string* buffers_note) {
+  auto backend = std::make_unique<IoUringBackend>(config, sink);
+  if (!backend->init(config, error, buffers_note)) return nullptr;
+  return backend;
+}
+
+}  // namespace io
+}  // namespace lever

@@ -1,0 +1,112 @@
+// The pread backend: worker threads take chunks from a queue, in order, and
+// read each with blocking pread() calls. Used where io_uring is missing or
+// blocked (Android apps: seccomp) and when asked for explicitly.
+
+#include <errno.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "io/read_backend.h"
+
+namespace lever {
+namespace io {
+namespace {
+
+// Reads the whole chunk, going on after short reads where that is allowed.
+ChunkResult read_chunk(int fd, bool direct, const ChunkRead& chunk) {
+  ChunkResult result;
+  while (result.bytes < chunk.length) {
+    const uint64_t offset = chunk.file_offset + result.bytes;
+    const ssize_t n = ::pread(fd, chunk.dest + result.bytes, chunk.length - result.bytes,
+                              static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      result.error = errno;
+      break;
+    }
+    if (n == 0) break;  // end of file
+    result.bytes += static_cast<uint32_t>(n);
+    if (!can_continue_short_read(direct, chunk.file_offset + result.bytes)) break;
+  }
+  return result;
+}
+
+class PreadBackend final : public ReadBackend {
+ public:
+  PreadBackend(int fd, bool direct, int n_threads, ChunkSink& sink)
+      : fd_(fd), direct_(direct), sink_(sink) {
+    for (int i = 0; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  ~PreadBackend() override { shutdown(); }
+
+  const char* name() const override { return "pread"; }
+
+  void enqueue(const std::vector<ChunkRead>& chunks) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!stopping_) {
+        queue_.insert(queue_.end(), chunks.begin(), chunks.end());
+        work_cv_.notify_all();
+        return;
+      }
+    }
+    for (const ChunkRead& chunk : chunks) sink_.on_chunk_cancelled(chunk);
+  }
+
+  void shutdown() override {
+    std::deque<ChunkRead> cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      cancelled.swap(queue_);
+    }
+    work_cv_.notify_all();
+    for (const ChunkRead& chunk : cancelled) sink_.on_chunk_cancelled(chunk);
+    // Workers finish the read they are doing, then see stopping_ and exit.
+    for (std::thread& worker : workers_) {
+      if (worker.joinable()) worker.join();
+    }
+  }
+
+ private:
+  void worker_loop() {
+    for (;;) {
+      ChunkRead chunk;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping
+        chunk = queue_.front();
+        queue_.pop_front();
+      }
+      sink_.on_chunk_issued(chunk);
+      const ChunkResult result = read_chunk(fd_, direct_, chunk);
+      sink_.on_chunk_done(chunk, result);  // verifies the checksum on this thread
+    }
+  }
+
+  const int fd_;
+  const bool direct_;
+  ChunkSink& sink_;
+  std::vector<std::thread> workers_;
+
+  std::mutex mutex_;  // guards the fields below
+  std::condition_variable work_cv_;
+  std::deque<ChunkRead> queue_;  // chunks not taken by a worker yet
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ReadBackend> make_pread_backend(int fd, bool direct, int n_threads,
+                                                ChunkSink& sink) {
+  return std::make_unique<PreadBackend>(fd, direct, n_threads < 1 ? 1 : n_threads, sink);
+}
+
+}  // namespace io
+}  // namespace lever

@@ -1,0 +1,33 @@
+"""`lever convert`: write a flash store (manifest.json + weights.bin) from a model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..store.convert import STORAGE_FORMATS, convert
+from ..store.manifest import StoreManifest
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("convert", help="convert a model into a flash store",
+                              description="Write a flash store: one 4 KiB-aligned extent per decoder layer, "
+                                          "checksummed, written atomically.")
+    p.add_argument("model", help="registered model name (see `lever models`) or GGUF file")
+    p.add_argument("--out", required=True, help="store directory to create")
+    p.add_argument("--dtype", default="source", choices=STORAGE_FORMATS,
+                   help="storage format: the GGUF's own block types (source, default) or bf16")
+    p.add_argument("--force", action="store_true", help="replace an existing directory")
+    p.add_argument("--cache-dir", default=None)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = convert(args.model, args.out, storage=args.dtype, force=args.force, progress=True,
+                  cache_dir=args.cache_dir)
+    m = StoreManifest.load(out)
+    layer = m.layers[0]
+    print(f"wrote {out}: {m.config.arch}, {m.config.n_layers} layers, storage {m.storage}, "
+          f"{m.weights_bytes / 1e6:,.1f} MB, {layer.length / 1e6:.1f} MB per layer, "
+          f"{len(m.head_parts)} head parts", file=sys.stderr)
+    return 0

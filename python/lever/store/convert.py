@@ -1,0 +1,191 @@
+"""`lever convert`: write a flash store from a GGUF model.
+
+Streamed (one extent in memory at a time) and atomic: everything is written
+into a hidden temporary directory beside the destination, fsynced, and renamed
+into place only when complete, so an interrupted conversion leaves no
+directory that looks like a store.
+
+Storage formats:
+- ``source``: the GGUF's own block types (for the Qwen Q4_K_M files: Q4_K and
+  Q6_K, ~4.5-6.5 bits per weight), dequantised natively as layers arrive;
+- ``bf16``: dequantised once at conversion (2 bytes per weight).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .. import quant
+from ..errors import StoreError, UnsupportedModelError
+from ..model.gguf_file import GGUFFile
+from ..model.gguf_loader import LAYER_TENSOR_NAMES, config_from_gguf, unpermute_qk
+from ..model.registry import resolve_model
+from .flash_reader import chunk_checksums
+from .manifest import ALIGNMENT, CHUNK_BYTES, TOKENIZER, WEIGHTS, Extent, StoreManifest, TensorEntry
+
+STORAGE_FORMATS = ("source", "bf16")
+BF16 = 30                         # ggml type id
+_TENSOR_ALIGN = 64                # bytes; tensors inside an extent start on this boundary
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+class _StoreWriter:
+    """Appends extents to weights.bin, padding each to the store alignment."""
+
+    def __init__(self, path: Path, progress: tqdm):
+        self.f = open(path, "wb")
+        self.offset = 0
+        self.extents: list[Extent] = []
+        self.progress = progress
+
+    def add(self, name: str, tensors: list[tuple[str, int, tuple[int, ...], np.ndarray]],
+            rows: tuple[int, int] | None = None) -> None:
+        entries, parts, pos = [], [], 0
+        for tname, qtype, shape, data in tensors:
+            pad = _round_up(pos, _TENSOR_ALIGN) - pos
+            if pad:
+                parts.append(bytes(pad))
+                pos += pad
+            entries.append(TensorEntry(tname, qtype, tuple(shape), pos, data.nbytes))
+            parts.append(data.tobytes())
+            pos += data.nbytes
+        data_bytes = pos
+        parts.append(bytes(_round_up(pos, ALIGNMENT) - pos))    # pad to the alignment
+        blob = b"".join(parts)
+        crcs = chunk_checksums(blob, CHUNK_BYTES)                  # over the padded extent
+        self.f.write(blob)
+        self.extents.append(Extent(name, self.offset, len(blob), data_bytes, tuple(crcs), tuple(entries), rows))
+        length = len(blob)
+        self.offset += length
+        self.progress.update(length)
+
+    def close(self) -> None:
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+
+
+def _row_permutation(rows: int, n_heads: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's q/k permutation (see gguf_loader.unpermute_qk)."""
+    return unpermute_qk(torch.arange(rows)[:, None], n_heads)[:, 0].numpy()
+
+
+def _stored(g: GGUFFile, gguf_name: str, storage: str, perm_heads: int | None,
+            rows: tuple[int, int] | None = None) -> tuple[int, tuple[int, ...], np.ndarray]:
+    """(qtype, shape, bytes) of one tensor in the store's format, rows optionally sliced."""
+    info = g.tensors[gguf_name]
+    if not quant.is_supported(info.qtype):
+        raise UnsupportedModelError(f"{g.path.name}: tensor {gguf_name!r} uses {info.type_name}, "
+                                    f"which Lever cannot dequantise")
+    shape = info.shape
+    n_rows = shape[0] if len(shape) > 1 else 1
+    raw = g.raw(gguf_name).reshape(n_rows, -1) if len(shape) > 1 else g.raw(gguf_name)[None, :]
+    if perm_heads is not None:
+        if len(shape) == 1:     # a bias: permute its elements like rows
+            vals = quant.dequantize(raw, info.qtype, shape, torch.float32)
+            vals = unpermute_qk(vals, perm_heads)
+            return 0, shape, vals.numpy()
+        raw = raw[_row_permutation(n_rows, perm_heads)]
+    if rows is not None:
+        raw = raw[rows[0]:rows[1]]
+        shape = (rows[1] - rows[0],) + tuple(shape[1:])
+    raw = np.ascontiguousarray(raw)
+    if storage == "source" or info.qtype in (0, BF16) or len(shape) == 1:
+        return info.qtype, tuple(shape), raw
+    w = quant.dequantize(raw, info.qtype, shape, torch.bfloat16)
+    return BF16, tuple(shape), w.view(torch.int16).numpy()
+
+
+_ROW_GROUP = 64   # head parts hold a multiple of this many rows: matrix-vector kernels
+                  # treat a ragged tail of rows differently, and the streamed head must
+                  # compute every logit exactly like one matmul over the whole matrix
+
+
+def _row_groups(n_rows: int, row_bytes: int, target_bytes: int) -> list[tuple[int, int]]:
+    """[first, end) row ranges of about `target_bytes` each, multiples of 64 rows."""
+    per = max(1, target_bytes // max(1, row_bytes))
+    n = -(-n_rows // per)
+    per = _round_up(-(-n_rows // n), _ROW_GROUP)          # even the parts out
+    return [(i, min(n_rows, i + per)) for i in range(0, n_rows, per)]
+
+
+def convert(model: str, out_dir: str | os.PathLike, storage: str = "source", force: bool = False,
+            progress: bool = True, cache_dir=None) -> Path:
+    """Write a store for `model` (registered name or GGUF path) into `out_dir`."""
+    if storage not in STORAGE_FORMATS:
+        raise StoreError(f"unknown storage format {storage!r} (choose from {', '.join(STORAGE_FORMATS)})")
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise StoreError(f"{out} already exists (use --force to replace it)")
+    src = resolve_model(model, cache_dir=cache_dir, progress=progress)
+    if not src.is_file():
+        raise StoreError(f"{src}: converting a checkpoint directory is not supported; give a GGUF file")
+    g = GGUFFile(src)
+    cfg = config_from_gguf(g)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write_store(g, cfg, storage, tmp, progress)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_store(g: GGUFFile, cfg, storage: str, tmp: Path, progress: bool) -> None:
+    llama = cfg.arch == "llama"
+    head_name = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
+    total = sum(t.nbytes for t in g.tensors.values()) * (1 if storage == "source" else 3)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"convert ({storage})", disable=not progress)
+    writer = _StoreWriter(tmp / WEIGHTS, bar)
+    try:
+        for i in range(cfg.n_layers):
+            tensors = []
+            for suffix, name in LAYER_TENSOR_NAMES.items():
+                gname = f"blk.{i}.{suffix}"
+                if gname not in g.tensors:
+                    continue
+                perm = None
+                if llama and name.startswith("self_attn.q_proj"):
+                    perm = cfg.n_heads
+                elif llama and name.startswith("self_attn.k_proj"):
+                    perm = cfg.n_kv_heads
+                tensors.append((name, *_stored(g, gname, storage, perm)))
+            writer.add(f"layer.{i}", tensors)
+        layer_bytes = max(e.data_bytes for e in writer.extents)
+        for kind, gname in (("head", head_name),) + ((("embed", "token_embd.weight"),)
+                                                    if not cfg.tie_word_embeddings else ()):
+            info = g.tensors[gname]
+            row_bytes = info.nbytes // info.shape[0] * (1 if storage == "source" else 2)
+            for k, rows in enumerate(_row_groups(info.shape[0], row_bytes, layer_bytes)):
+                writer.add(f"{kind}.{k}", [("weight", *_stored(g, gname, storage, None, rows))], rows=rows)
+        writer.add("globals", [("norm.weight", *_stored(g, "output_norm.weight", storage, None))])
+    finally:
+        writer.close()
+        bar.close()
+    tokenizer_meta = {k: v for k, v in g.metadata.items() if k.startswith("tokenizer.")}
+    (tmp / TOKENIZER).write_text(json.dumps(tokenizer_meta))
+    source = {"path": str(g.path), "bytes": g.file_size, "name": g.metadata.get("general.name", ""),
+              "file_type": g.metadata.get("general.file_type")}
+    manifest = StoreManifest(config=cfg, storage=storage, weights_bytes=writer.offset,
+                             extents=writer.extents, source=source)
+    manifest.save(tmp)

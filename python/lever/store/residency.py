@@ -1,0 +1,138 @@
+"""The DRAM budget: which extents of a store stay pinned in memory, which are
+streamed from flash every pass, and what the fixed costs are.
+
+Fixed costs (bytes): the final norm, one dequantisation workspace (the largest
+extent's weights in the compute dtype), the KV cache for `kv_tokens` tokens,
+a cache of embedding rows, and -- unless everything is pinned -- a ring of
+`prefetch_depth` read buffers as large as the largest streamed extent.
+Pinned extents are kept in their stored (possibly quantised) form and are
+dequantised into the workspace when used, exactly like streamed ones.
+
+Pinning order: the head parts, then decoder layers from the last one down.
+Pinning the tail of the pass lets the reader fetch the first streamed layers
+of the next pass while the pinned tail computes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import DramBudgetError
+from .manifest import Extent, StoreManifest
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def parse_size(text: str | int) -> int:
+    """'600MB' (10^6), '1.5GiB' (2^30), '512M' (2^20) or a plain byte count -> bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise DramBudgetError(f"cannot read the size {text!r} (examples: 600MB, 1.5GiB, 750000000)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def fmt_bytes(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+@dataclass
+class ResidencyPlan:
+    """What stays in DRAM; all sizes in bytes."""
+
+    budget: int
+    pinned: list[Extent]
+    streamed: list[Extent]            # in pass order
+    prefetch_depth: int               # read buffers in the ring (0 when nothing is streamed)
+    slot_bytes: int                   # size of each read buffer
+    fixed: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(e.length for e in self.pinned)
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.prefetch_depth * self.slot_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self.fixed.values()) + self.pinned_bytes + self.ring_bytes
+
+    @property
+    def streamed_bytes_per_pass(self) -> int:
+        return sum(e.length for e in self.streamed)
+
+    @property
+    def pinned_layers(self) -> int:
+        return sum(1 for e in self.pinned if e.kind == "layer")
+
+    def summary(self) -> dict:
+        return {"dram_budget_bytes": self.budget, "dram_planned_bytes": self.used_bytes,
+                "pinned_bytes": self.pinned_bytes, "ring_bytes": self.ring_bytes,
+                "fixed_bytes": dict(self.fixed), "pinned_layers": self.pinned_layers,
+                "pinned_extents": [e.name for e in self.pinned],
+                "streamed_extents": len(self.streamed),
+                "streamed_bytes_per_pass": self.streamed_bytes_per_pass}
+
+
+def pass_order(m: StoreManifest) -> list[Extent]:
+    """Extents in the order one forward pass uses them (globals excluded)."""
+    return m.layers + m.head_parts
+
+
+def _pin_order(m: StoreManifest) -> list[Extent]:
+    return list(reversed(m.head_parts)) + list(reversed(m.layers))
+
+
+def fixed_costs(m: StoreManifest, dtype_bytes: int, kv_tokens: int, embed_cache_rows: int) -> dict[str, int]:
+    cfg = m.config
+    workspace = max(sum(_elements(t.shape) for t in e.tensors) for e in pass_order(m)) * dtype_bytes
+    return {
+        "globals": m.globals.length,
+        "workspace": workspace,
+        "kv_cache": kv_tokens * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * dtype_bytes,
+        "embedding_rows": embed_cache_rows * cfg.hidden_size * dtype_bytes,
+    }
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def plan_residency(m: StoreManifest, budget: int, dtype_bytes: int = 2, kv_tokens: int = 2048,
+                   prefetch_depth: int = 2, embed_cache_rows: int = 4096) -> ResidencyPlan:
+    """Pin as many extents as `budget` bytes allow; raise DramBudgetError below the minimum."""
+    if prefetch_depth < 1:
+        raise DramBudgetError(f"prefetch depth must be at least 1, got {prefetch_depth}")
+    fixed = fixed_costs(m, dtype_bytes, kv_tokens, embed_cache_rows)
+    base = sum(fixed.values())
+    order = _pin_order(m)
+    everything = base + sum(e.length for e in order)
+    if budget >= everything:
+        return ResidencyPlan(budget, order, [], 0, 0, fixed)
+    minimum = base + prefetch_depth * max(e.length for e in order)
+    if budget < minimum:
+        parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in fixed.items())
+        raise DramBudgetError(
+            f"DRAM budget {fmt_bytes(budget)} is below this store's minimum of {fmt_bytes(minimum)} "
+            f"({parts}, {prefetch_depth} read buffers {fmt_bytes(minimum - base)}; "
+            f"KV cache sized for {kv_tokens} tokens)")
+    pinned: list[Extent] = []
+    for i, e in enumerate(order):
+        rest = order[i + 1:]
+        ring = prefetch_depth * max(x.length for x in rest) if rest else 0
+        if base + sum(p.length for p in pinned) + e.length + ring > budget:
+            break
+        pinned.append(e)
+    pinned_names = {e.name for e in pinned}
+    streamed = [e for e in pass_order(m) if e.name not in pinned_names]
+    return ResidencyPlan(budget, pinned, streamed, prefetch_depth,
+                         max(e.length for e in streamed), fixed)

@@ -1,0 +1,297 @@
+"""A decoder whose weights live in a flash store and stream in layer by layer.
+
+`StreamedDecoder` has the forward interface of `lever.model.decoder.Decoder`
+(tokens, positions, mask, cache, logits_rows), so plain decoding and tree
+verification use it unchanged.  A pass walks the extents in order: decoder
+layers, then the head parts.  Pinned extents come from DRAM; streamed ones
+arrive through a ring of read buffers that the `FlashReader` keeps filled:
+as soon as an extent has been dequantised into the workspace its buffer is
+resubmitted for the next streamed extent in cyclic order, so layers
+l+1..l+k (and, near the end of a pass, the first layers of the next pass) are
+in flight while layer l computes.
+
+Weights are dequantised by the native core into one preallocated workspace
+and bound to a meta-device `DecoderLayer` with `torch.func.functional_call`,
+so the arithmetic is the same code as the in-memory decoder.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from .. import _native
+from ..errors import StoreError
+from ..model.decoder import Decoder, DecoderLayer, RMSNorm, rope_cos_sin
+from ..model.kv_cache import KVCache
+from ..model.weights import build_decoder
+from .flash_reader import FlashReader
+from .manifest import WEIGHTS, Extent, StoreManifest
+from .residency import ResidencyPlan, pass_order, plan_residency
+
+_ALIGN = 4096
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A uint8 array of `nbytes` whose start is 4 KiB aligned (for O_DIRECT)."""
+    buf = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+    skip = (-buf.ctypes.data) % _ALIGN
+    return buf[skip:skip + nbytes]
+
+
+@dataclass
+class StreamStats:
+    """Counters of a StreamedDecoder since creation or `reset()`; times in seconds."""
+
+    passes: int = 0
+    tokens: int = 0                   # rows run through the model
+    stall_s: float = 0.0              # compute waiting on flash reads
+    dequant_s: float = 0.0
+    compute_s: float = 0.0            # layer + head arithmetic
+    embedding_bytes: int = 0          # embedding rows read on demand
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+class _Workspace:
+    """One preallocated buffer that an extent's tensors are dequantised into."""
+
+    def __init__(self, n_elements: int, dtype: torch.dtype):
+        self.buf = torch.empty(n_elements, dtype=dtype)
+        self.dtype = dtype
+        self._np = (self.buf.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16
+                    else self.buf.numpy())
+
+    def dequantize(self, raw: np.ndarray, extent: Extent) -> dict[str, torch.Tensor]:
+        """Tensors of `extent` (raw = its bytes) as views into the workspace."""
+        out, pos = {}, 0
+        for t in extent.tensors:
+            n = int(np.prod(t.shape))
+            _native.dequantize(raw[t.offset:t.offset + t.nbytes], t.qtype, self._np[pos:pos + n])
+            out[t.name] = self.buf[pos:pos + n].view(t.shape)
+            pos += n
+        return out
+
+
+class StreamedDecoder:
+    """Decoder forward over a flash store under a DRAM budget (see module doc)."""
+
+    def __init__(self, store_dir: str | os.PathLike, dram_budget: int, dtype: torch.dtype = torch.bfloat16,
+                 backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
+                 direct: bool = True, queue_depth: int = 8):
+        self.store_dir = Path(store_dir)
+        self.manifest = StoreManifest.load(self.store_dir)
+        self.config = self.manifest.config
+        self.dtype = dtype
+        dtype_bytes = torch.empty(0, dtype=dtype).element_size()
+        self.plan: ResidencyPlan = plan_residency(self.manifest, dram_budget, dtype_bytes, kv_tokens,
+                                                  prefetch_depth)
+        self.stats = StreamStats()
+        n_slots = max(1, self.plan.prefetch_depth)
+        slot_bytes = self.plan.slot_bytes or self.manifest.globals.length
+        self.reader = FlashReader(self.store_dir / WEIGHTS, slot_bytes=slot_bytes, n_slots=n_slots,
+                                  backend=backend, direct=direct, queue_depth=queue_depth,
+                                  chunk_bytes=self.manifest.chunk_bytes)
+        self._embed_fd = os.open(self.store_dir / WEIGHTS, os.O_RDONLY)
+        self._pinned = {e.name: self._read_whole(e) for e in self.plan.pinned}
+        with torch.device("meta"):
+            self._layer = DecoderLayer(self.config)
+        n_ws = max(sum(int(np.prod(t.shape)) for t in e.tensors) for e in pass_order(self.manifest))
+        self._ws = _Workspace(n_ws, dtype)
+        g = self.manifest.globals
+        glob = _Workspace(sum(int(np.prod(t.shape)) for t in g.tensors), dtype)
+        self.norm = RMSNorm(self.config.hidden_size, self.config.rms_norm_eps)
+        self.norm.weight = torch.nn.Parameter(glob.dequantize(self._read_whole(g), g)["norm.weight"].clone(),
+                                              requires_grad=False)
+        self._embed_rows: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
+        self._embed_cap = 4096
+        self._streamed = self.plan.streamed
+        self._inflight: collections.deque[tuple[Extent, int]] = collections.deque()
+        self._free_slots = list(range(n_slots)) if self._streamed else []
+        self._next = 0
+        self._fill_ring()
+
+    # -- reading ---------------------------------------------------------------
+
+    def _read_whole(self, e: Extent) -> np.ndarray:
+        buf = aligned_empty(e.length)
+        self.reader.read(e.offset, e.length, buf, list(e.chunk_crc32c), e.name)
+        return buf
+
+    def _fill_ring(self) -> None:
+        while self._free_slots and self._streamed:
+            e = self._streamed[self._next % len(self._streamed)]
+            self._next += 1
+            slot = self._free_slots.pop()
+            self.reader.submit(slot, e.offset, e.length, list(e.chunk_crc32c), e.name)
+            self._inflight.append((e, slot))
+
+    def _weights(self, e: Extent) -> dict[str, torch.Tensor]:
+        """Dequantised tensors of `e`, from DRAM or from the ring (then refilled)."""
+        slot = None
+        if e.name in self._pinned:
+            raw = self._pinned[e.name]
+        else:
+            expected, slot = self._inflight.popleft()
+            if expected.name != e.name:          # cannot happen unless the pass order changed
+                raise StoreError(f"read ring out of order: expected {expected.name}, need {e.name}")
+            t0 = time.perf_counter()
+            raw = self.reader.wait(slot)
+            self.stats.stall_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        weights = self._ws.dequantize(raw, e)
+        self.stats.dequant_s += time.perf_counter() - t0
+        if slot is not None:
+            self._free_slots.append(slot)
+            self._fill_ring()
+        return weights
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for tok in tokens.tolist():
+            row = self._embed_rows.get(tok)
+            if row is None:
+                row = self._embed_row(tok)
+                self._embed_rows[tok] = row
+                if len(self._embed_rows) > self._embed_cap:
+                    self._embed_rows.popitem(last=False)
+            else:
+                self._embed_rows.move_to_end(tok)
+            rows.append(row)
+        return torch.stack(rows)
+
+    def _embed_row(self, tok: int) -> torch.Tensor:
+        if not 0 <= tok < self.config.vocab_size:
+            raise ValueError(f"token id {tok} is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        part = next(e for e in self.manifest.embedding_parts if e.rows[0] <= tok < e.rows[1])
+        t = part.tensors[0]
+        row_bytes = t.nbytes // t.shape[0]
+        start = t.offset + (tok - part.rows[0]) * row_bytes
+        if part.name in self._pinned:
+            raw = self._pinned[part.name][start:start + row_bytes]
+        else:
+            raw = np.frombuffer(os.pread(self._embed_fd, row_bytes, part.offset + start), dtype=np.uint8)
+            self.stats.embedding_bytes += row_bytes
+            if raw.nbytes != row_bytes:
+                raise StoreError(f"{self.store_dir / WEIGHTS}: short read of embedding row {tok}")
+        out = torch.empty(t.shape[1], dtype=self.dtype)
+        dst = out.view(torch.int16).numpy().view(np.uint16) if self.dtype == torch.bfloat16 else out.numpy()
+        _native.dequantize(np.ascontiguousarray(raw), t.qtype, dst)
+        return out
+
+    # -- the Decoder interface ---------------------------------------------------
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        cfg = self.config
+        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, self.dtype, capacity)
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        return self.forward(*args, **kwargs)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Same contract as `Decoder.forward`: float32 logits of the (selected) new tokens."""
+        t = tokens.shape[0]
+        if mask.shape != (t, cache.length + t):
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({t}, {cache.length + t})")
+        cache.reserve(cache.length + t)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+        x = self._embed(tokens)
+        for i, e in enumerate(self.manifest.layers):
+            w = self._weights(e)
+            t0 = time.perf_counter()
+            x = functional_call(self._layer, w, (x, cos, sin, mask, cache, i))
+            self.stats.compute_s += time.perf_counter() - t0
+        cache.advance(t)
+        if logits_rows is not None:
+            x = x[logits_rows]
+        t0 = time.perf_counter()
+        h = self.norm(x)
+        self.stats.compute_s += time.perf_counter() - t0
+        logits = torch.empty(h.shape[0], self.config.vocab_size, dtype=torch.float32)
+        for e in self.manifest.head_parts:
+            w = self._weights(e)["weight"]
+            t0 = time.perf_counter()
+            logits[:, e.rows[0]:e.rows[1]] = F.linear(h, w)
+            self.stats.compute_s += time.perf_counter() - t0
+        self.stats.passes += 1
+        self.stats.tokens += t
+        return logits
+
+    # -- reporting -------------------------------------------------------------
+
+    def report(self) -> dict:
+        """Run statistics: bytes, seconds, bandwidth, reader backend, residency, peak RSS."""
+        r = self.reader.stats()
+        s = self.stats
+        passes = max(1, s.passes)
+        return {
+            "reader": {k: r[k] for k in ("backend", "direct", "fallback_reason", "queue_depth", "chunk_bytes")},
+            "passes": s.passes,
+            "bytes_read": r["bytes_read"] + s.embedding_bytes,
+            "bytes_read_per_pass": (r["bytes_read"] + s.embedding_bytes) / passes,
+            "io_busy_s": r["busy_s"],
+            "achieved_gib_s": r["bytes_read"] / r["busy_s"] / 2**30 if r["busy_s"] else None,
+            "stall_s": s.stall_s,
+            "dequant_s": s.dequant_s,
+            "compute_s": s.compute_s,
+            "checksum_s": r.get("checksum_s"),
+            "residency": self.plan.summary(),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+
+    def reset_stats(self) -> None:
+        self.stats.reset()
+        self.reader.reset_stats()
+
+    def close(self) -> None:
+        self.reader.close()
+        os.close(self._embed_fd)
+
+
+def load_store_model(store_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
+                     backend: str = "auto") -> Decoder:
+    """The whole store dequantised into an in-memory `Decoder` (the resident reference)."""
+    m = StoreManifest.load(store_dir)
+    reader = FlashReader(Path(store_dir) / WEIGHTS, slot_bytes=_ALIGN, n_slots=1, backend=backend,
+                         chunk_bytes=m.chunk_bytes)
+    try:
+        def read(e: Extent) -> np.ndarray:
+            buf = aligned_empty(e.length)
+            reader.read(e.offset, e.length, buf, list(e.chunk_crc32c), e.name)
+            return buf
+
+        def tensors():
+            for e in m.layers:
+                raw = read(e)
+                for t in e.tensors:
+                    yield f"layers.{e.index}.{t.name}", _dequant_tensor(raw, t, dtype)
+            head = torch.cat([_dequant_tensor(read(e), e.tensors[0], dtype) for e in m.head_parts])
+            if m.config.tie_word_embeddings:
+                yield "embed_tokens.weight", head
+            else:
+                yield "lm_head.weight", head
+                yield "embed_tokens.weight", torch.cat([_dequant_tensor(read(e), e.tensors[0], dtype)
+                                                        for e in m.embedding_parts])
+            g = m.globals
+            yield "norm.weight", _dequant_tensor(read(g), g.tensors[0], dtype)
+
+        return build_decoder(m.config, tensors(), dtype, source=str(store_dir))
+    finally:
+        reader.close()
+
+
+def _dequant_tensor(raw: np.ndarray, t, dtype: torch.dtype) -> torch.Tensor:
+    from .. import quant
+    return quant.dequantize(raw[t.offset:t.offset + t.nbytes], t.qtype, t.shape, dtype)
