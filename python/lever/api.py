@@ -37,6 +37,7 @@ class Completion:
     text: str
     result: GenerationResult
     load_s: float = 0.0
+    spec: object = None             # lever.engine.SpecStats of a speculative run
 
     @property
     def token_ids(self) -> list[int]:
@@ -56,7 +57,9 @@ class Completion:
                 "decode_s": round(r.decode_s, 4),
                 "prefill_tokens_per_s": round(len(r.prompt_ids) / r.prefill_s, 2) if r.prefill_s else None,
                 "decode_tokens_per_s": round(r.decode_tokens_per_s, 2),
+                "tokens_per_s": round(len(r.token_ids) / r.decode_s, 2) if r.decode_s else None,
             },
+            **({"speculative": self.spec.to_json(len(r.token_ids))} if self.spec is not None else {}),
         }
 
 
@@ -78,19 +81,27 @@ class LoadedModel:
 
     def generate(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
-                 on_text: Callable[[str], None] | None = None) -> Completion:
+                 on_text: Callable[[str], None] | None = None, drafter=None, spec=None) -> Completion:
         """Generate a completion of `prompt` (wrapped in the chat template when the
-        model has one and `chat`). `on_text` receives the text as it is produced."""
+        model has one and `chat`). `on_text` receives the text as it is produced.
+        With `drafter` and `spec` (a `lever.engine.SpecConfig`) decoding is
+        speculative; the output is the same as without."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         ids = self.prompt_ids(prompt, chat)
         stream = IncrementalDecoder(self.tokenizer, skip_special_tokens=True) if on_text else None
         on_token = (lambda t: on_text(stream.push(t))) if stream else None
-        result = generate_tokens(self.model, ids, max_new_tokens, params,
-                                 stop_ids=self.tokenizer.eos_token_ids, on_token=on_token)
+        spec_stats = None
+        if spec is None:
+            result = generate_tokens(self.model, ids, max_new_tokens, params,
+                                     stop_ids=self.tokenizer.eos_token_ids, on_token=on_token)
+        else:
+            from .engine import speculative_generate
+            result, spec_stats = speculative_generate(self.model, drafter, ids, max_new_tokens, params, spec,
+                                                      stop_ids=self.tokenizer.eos_token_ids, on_token=on_token)
         if stream:
             on_text(stream.flush())
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        return Completion(text=text, result=result, load_s=self.load_s)
+        return Completion(text=text, result=result, load_s=self.load_s, spec=spec_stats)
 
 
 def load(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
@@ -125,6 +136,16 @@ def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str 
                             prefetch_depth=prefetch_depth, kv_tokens=kv_tokens)
     tokenizer = store_tokenizer(store_dir, cache_dir)
     return LoadedModel(model, tokenizer, Path(store_dir), load_s=time.perf_counter() - t0)
+
+
+def make_drafter(name: str, dtype: str | torch.dtype = "bfloat16",
+                 cache_dir: str | os.PathLike | None = None, progress: bool = True):
+    """'ngram' (prompt lookup, no model) or a draft model (name or path) kept in DRAM."""
+    if name == "ngram":
+        from .draft.ngram import NgramDrafter
+        return NgramDrafter()
+    from .draft.model_drafter import ModelDrafter
+    return ModelDrafter(load(name, dtype=dtype, cache_dir=cache_dir, progress=progress).model)
 
 
 def store_tokenizer(store_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Tokenizer:

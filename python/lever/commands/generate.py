@@ -31,8 +31,16 @@ def add_parser(subparsers) -> None:
                        help="stream the target from this store (see `lever convert`) instead of --model")
     flash.add_argument("--dram-budget", default="600MB", metavar="SIZE",
                        help="DRAM the target may use: pinned layers, buffers, KV cache (default 600MB)")
-    flash.add_argument("--mode", default="ar", choices=["ar"],
-                       help="decoding mode: ar = autoregressive, the target streamed every token")
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument("--draft", default=None, metavar="NAME",
+                      help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)")
+    spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree"],
+                      help="ar: target alone; chain: k drafted tokens, Leviathan rule; tree: a token tree "
+                           "(default: tree with --draft, else ar)")
+    spec.add_argument("--draft-len", type=int, default=4, metavar="K", help="chain length (default 4)")
+    spec.add_argument("--tree-budget", type=int, default=32, metavar="N", help="draft nodes per tree (default 32)")
+    spec.add_argument("--tree-topk", type=int, default=4, metavar="K", help="children per node (default 4)")
+    spec.add_argument("--tree-depth", type=int, default=8, metavar="D", help="tree levels (default 8)")
     flash.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
                        help="flash reader backend (auto: io_uring, else a pread thread pool)")
     flash.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
@@ -69,17 +77,32 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    drafter, spec = None, None
+    mode = args.mode or ("tree" if args.draft else "ar")
+    if args.draft or mode != "ar" or args.target_store:
+        from ..api import make_drafter
+        from ..draft.base import TreeShape
+        from ..engine import SpecConfig
+        try:
+            spec = SpecConfig(mode, args.draft_len, TreeShape(args.tree_budget, args.tree_topk, args.tree_depth))
+        except ValueError as e:
+            raise LeverError(str(e)) from None
+        if mode != "ar" and not args.draft:
+            raise LeverError(f"--mode {mode} needs --draft (a draft model or 'ngram')")
+        if args.draft:
+            drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir)
     completion = loaded.generate(prompt, max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                  seed=args.seed, chat=not args.no_chat,
-                                 on_text=None if args.json else stream)
+                                 on_text=None if args.json else stream, drafter=drafter, spec=spec)
     if args.json:
         out = completion.to_json()
         out["model"] = args.target_store or args.model
         out["path"] = str(loaded.path)
         out["dtype"] = args.dtype
+        out["mode"] = mode
+        out["draft"] = args.draft
         if args.target_store:
-            out["mode"] = args.mode
             out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), page_cache)
         print(json.dumps(out))
     else:

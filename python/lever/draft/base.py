@@ -1,0 +1,41 @@
+"""The drafter interface and the static tree shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..sampling import SamplingParams
+from ..tree import TokenTree
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A static tree policy: up to `budget` draft nodes (root excluded), at most
+    `topk` children per node and `depth` levels, filled by draft path probability."""
+
+    budget: int = 32
+    topk: int = 4
+    depth: int = 8
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or self.topk < 1 or self.depth < 1:
+            raise ValueError(f"tree budget, topk and depth must be >= 1, got {self}")
+
+
+class Drafter(Protocol):
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Start a new sequence; the prompt's last token is the first root."""
+
+    def draft_tree(self, root: int, shape: TreeShape) -> TokenTree:
+        """A tree rooted at `root` (node 0)."""
+
+    def draft_chain(self, root: int, k: int, params: SamplingParams,
+                    generator: torch.Generator) -> tuple[TokenTree, torch.Tensor | None]:
+        """A chain of `k` draft tokens and, for sampling, the draft distributions
+        they were drawn from ([k, vocab]); None when the draft has none."""
+
+    def commit(self, tree: TokenTree, accepted: list[int], next_token: int) -> None:
+        """The target accepted nodes `accepted` of the last draft and chose `next_token`."""

@@ -1,0 +1,163 @@
+"""The speculative decode loop: draft, verify in one target pass, commit.
+
+State between iterations: the target's KV cache holds every committed token
+except the newest one, the *root*.  An iteration drafts a tree under the
+root (mode "tree"), a chain (mode "chain") or nothing (mode "ar"), runs the
+target once over [root + draft nodes] with the tree mask, applies the exact
+acceptance rule, compacts the target cache to root + accepted path, tells the
+drafter, and emits the accepted tokens plus the target's own next token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .draft.base import Drafter, TreeShape
+from .errors import LeverError
+from .generate import GenerationResult, check_context, prefill
+from .sampling import SamplingParams, make_generator
+from .tree import TokenTree
+from .verify.rules import verify_chain_leviathan, verify_greedy, verify_sampling_walk
+
+MODES = ("ar", "chain", "tree")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """mode: ar | chain | tree; draft_len: chain length k; tree: the static tree shape."""
+
+    mode: str = "tree"
+    draft_len: int = 4
+    tree: TreeShape = TreeShape()
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise LeverError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
+        if self.draft_len < 1:
+            raise LeverError(f"--draft-len must be >= 1, got {self.draft_len}")
+
+    @property
+    def max_depth(self) -> int:
+        return {"ar": 0, "chain": self.draft_len, "tree": self.tree.depth}[self.mode]
+
+
+@dataclass
+class SpecStats:
+    """Per-run counters; times in seconds, bytes in bytes."""
+
+    iterations: int = 0
+    draft_nodes: int = 0                  # draft tokens sent to the target
+    accepted: int = 0                     # draft tokens the target accepted
+    draft_s: float = 0.0
+    verify_s: float = 0.0                 # target passes (compute + I/O stall)
+    stall_s: float = 0.0                  # part of verify_s spent waiting on flash
+    accept_s: float = 0.0                 # acceptance rule + cache compaction
+    bytes_read: int = 0
+    tree_sizes: list[int] = field(default_factory=list)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target pass (accepted drafts + the target's own token)."""
+        return (self.accepted + self.iterations) / self.iterations if self.iterations else 0.0
+
+    def to_json(self, new_tokens: int) -> dict:
+        return {
+            "iterations": self.iterations, "target_passes": self.iterations,
+            "mean_accepted_length": round(self.mean_accepted_length, 3),
+            "draft_tokens": self.draft_nodes, "accepted_draft_tokens": self.accepted,
+            "acceptance_rate": round(self.accepted / self.draft_nodes, 4) if self.draft_nodes else None,
+            "mean_tree_size": round(sum(self.tree_sizes) / len(self.tree_sizes), 2) if self.tree_sizes else 0,
+            "bytes_read": self.bytes_read,
+            "bytes_read_per_token": self.bytes_read / new_tokens if new_tokens else None,
+            "time_split_s": {"draft": round(self.draft_s, 4),
+                             "verify_compute": round(self.verify_s - self.stall_s, 4),
+                             "io_stall": round(self.stall_s, 4), "accept": round(self.accept_s, 4)},
+        }
+
+
+def _io_counters(target) -> tuple[float, int]:
+    """(stall seconds, bytes read) so far, for a flash-streamed target; zeros otherwise."""
+    stats = getattr(target, "stats", None)
+    reader = getattr(target, "reader", None)
+    if stats is None or reader is None:
+        return 0.0, 0
+    return stats.stall_s, reader.stats()["bytes_read"] + stats.embedding_bytes
+
+
+def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
+                         params: SamplingParams = SamplingParams(), spec: SpecConfig = SpecConfig(),
+                         stop_ids: frozenset[int] = frozenset(),
+                         on_token=None) -> tuple[GenerationResult, SpecStats]:
+    """Generate with the target's exact output, using `drafter` to propose tokens."""
+    if spec.mode != "ar" and drafter is None:
+        raise LeverError(f"mode {spec.mode} needs a drafter (--draft)")
+    check_context(len(prompt_ids), max_new_tokens + spec.max_depth, target.config.max_context)
+    result, stats = GenerationResult(prompt_ids=list(prompt_ids)), SpecStats()
+    if max_new_tokens <= 0:
+        return result, stats
+    generator = make_generator(params)
+    cache = target.new_cache(capacity=len(prompt_ids) + max_new_tokens + spec.tree.budget + spec.draft_len + 2)
+    t_start = time.perf_counter()
+    if len(prompt_ids) > 1:
+        prefill(target, prompt_ids[:-1], cache)
+    if drafter is not None:
+        drafter.reset(prompt_ids)
+    result.prefill_s = time.perf_counter() - t_start
+    t_decode = time.perf_counter()
+    root = prompt_ids[-1]
+    while True:
+        t0 = time.perf_counter()
+        draft_probs = None
+        if spec.mode == "tree":
+            tree = drafter.draft_tree(root, spec.tree)
+        elif spec.mode == "chain":
+            tree, draft_probs = drafter.draft_chain(root, spec.draft_len, params, generator)
+        else:
+            tree = TokenTree(root)
+        t1 = time.perf_counter()
+        n = cache.length
+        stall0, bytes0 = _io_counters(target)
+        logits = target(torch.from_numpy(tree.tokens()).long(), torch.from_numpy(tree.positions(n)),
+                        torch.from_numpy(tree.mask(n)), cache)
+        stall1, bytes1 = _io_counters(target)
+        t2 = time.perf_counter()
+        if params.greedy:
+            accepted, next_token = verify_greedy(tree, logits)
+        elif spec.mode == "chain":
+            if draft_probs is None:        # a deterministic draft: q is one-hot on its tokens
+                draft_probs = torch.zeros(len(tree) - 1, logits.shape[-1])
+                draft_probs[torch.arange(len(tree) - 1), torch.from_numpy(tree.tokens()[1:]).long()] = 1.0
+            accepted, next_token = verify_chain_leviathan(tree, logits, draft_probs, params, generator)
+        else:
+            accepted, next_token = verify_sampling_walk(tree, logits, params, generator)
+        cache.compact(torch.from_numpy(tree.compaction_indices(n, accepted)))
+        t3 = time.perf_counter()
+        if drafter is not None:
+            drafter.commit(tree, accepted, next_token)
+        t4 = time.perf_counter()
+        stats.iterations += 1
+        stats.draft_nodes += len(tree) - 1
+        stats.accepted += len(accepted)
+        stats.tree_sizes.append(len(tree) - 1)
+        stats.draft_s += (t1 - t0) + (t4 - t3)
+        stats.verify_s += t2 - t1
+        stats.stall_s += stall1 - stall0
+        stats.bytes_read += bytes1 - bytes0
+        stats.accept_s += t3 - t2
+        for tok in [tree.token(j) for j in accepted] + [next_token]:
+            result.token_ids.append(tok)
+            if on_token is not None:
+                on_token(tok)
+            if tok in stop_ids:
+                result.stop_reason = "eos"
+                break
+            if len(result.token_ids) >= max_new_tokens:
+                break
+        if result.stop_reason == "eos" or len(result.token_ids) >= max_new_tokens:
+            break
+        root = next_token
+    result.decode_s = time.perf_counter() - t_decode
+    return result, stats
