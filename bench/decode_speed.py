@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+import lever  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 import torch
 
 
-import lever
 from lever.generate import generate_tokens
 from lever.model.hf_export import hf_from_ours
 

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import lever  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 import torch
 
 from lever.api import cache_root, store_tokenizer
@@ -74,6 +75,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--store", default=None, help="store directory (converted first if missing)")
+    ap.add_argument("--storage", default="source", choices=["source", "bf16"],
+                    help="storage format when the store has to be converted first")
     ap.add_argument("--dram-budget", default="600MB")
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"])
@@ -81,10 +84,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
 
-    store = Path(args.store or cache_root() / "stores" / f"{args.model}-source")
+    store = Path(args.store or cache_root() / "stores" / f"{args.model}-{args.storage}")
     if not (store / "manifest.json").exists():
         print(f"converting {args.model} into {store} ...", file=sys.stderr, flush=True)
-        convert(args.model, store, progress=True)
+        convert(args.model, store, storage=args.storage, progress=True)
     m = StoreManifest.load(store)
     tok = store_tokenizer(store)
     ids = tok.encode(tok.format_prompt(PROMPT))
@@ -139,9 +142,10 @@ def main() -> int:
                   peak_rss_bytes=rep["peak_rss_bytes"], same_tokens=stream_tokens == res_tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "flash_ar.json").write_text(json.dumps(result, indent=2))
-    plot(result, out / "flash_ar.png")
-    print(f"# wrote {out / 'flash_ar.json'} and {out / 'flash_ar.png'}")
+    stem = f"flash_ar_{m.storage}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    plot(result, out / f"{stem}.png")
+    print(f"# wrote {out / stem}.json and {out / stem}.png")
     return 0
 
 
