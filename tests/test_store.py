@@ -120,9 +120,10 @@ def run_passes(model, ids, steps=3):
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("which", ["smol", "qwen"])
+@pytest.mark.parametrize("which", ["smol", "qwen", "smol_bf16"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_streamed_equals_in_memory(which, dtype, request):
+    """bf16 stores computed in bf16 use the read buffers in place; all else is dequantised."""
     store = request.getfixturevalue(f"{which}_store")
     ids = [1, 100, 2000, 300, 42, 7, 999, 5]
     ref = run_passes(load_store_model(store, dtype), ids)

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     drafter, spec = None, None
     mode = args.mode or ("tree" if args.draft else "ar")
-    if args.draft or mode != "ar" or args.target_store:
+    if args.draft or mode != "ar":
         from ..api import make_drafter
         from ..draft.base import TreeShape
         from ..engine import SpecConfig

@@ -13,8 +13,10 @@ from ..tree import TokenTree
 
 @dataclass(frozen=True)
 class TreeShape:
-    """A static tree policy: up to `budget` draft nodes (root excluded), at most
-    `topk` children per node and `depth` levels, filled by draft path probability."""
+    """A static tree policy: up to `budget` draft nodes (root excluded), grown in
+    `depth` draft steps of `width` = ceil(budget / depth) nodes each, chosen by
+    draft path probability among the top-`topk` children of the nodes so far.
+    No node is deeper than `depth`."""
 
     budget: int = 32
     topk: int = 4
@@ -23,6 +25,11 @@ class TreeShape:
     def __post_init__(self) -> None:
         if self.budget < 1 or self.topk < 1 or self.depth < 1:
             raise ValueError(f"tree budget, topk and depth must be >= 1, got {self}")
+
+    @property
+    def width(self) -> int:
+        """Nodes added per draft step."""
+        return -(-self.budget // self.depth)
 
 
 class Drafter(Protocol):

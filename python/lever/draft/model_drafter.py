@@ -1,15 +1,17 @@
 """A draft model resident in DRAM that grows the tree level by level.
 
-Each level is one batched forward of the draft over the newest nodes (the
-frontier) with the tree's attention mask, appended to the draft's own KV
-cache; the children of every frontier node are its top-k tokens, kept while
-the node budget lasts, best draft path probability first.  Nodes are added
-level by level, so node index i lives in draft cache row n_cached + i.
+Each step is one batched forward of the draft over the nodes added last
+(with the tree's attention mask, appended to the draft's own KV cache); their
+top-k tokens join a pool of candidates, and the best candidates of the pool
+by draft path probability become the next nodes.  Nodes are forwarded in
+index order, so node i lives in draft cache row n_cached + i.
 After verification the cache is compacted to the accepted path (no
 recomputation); only an accepted leaf, never run through the draft, is fed.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import torch
 
@@ -47,23 +49,30 @@ class ModelDrafter:
         return logits
 
     def draft_tree(self, root: int, shape: TreeShape) -> TokenTree:
+        """Best-first growth in `shape.depth` draft steps of `shape.width` nodes each.
+
+        Every forwarded node offers its top-k tokens as candidates; each step
+        adds the best remaining candidates by draft path log-probability
+        (from any level), then runs them through the draft as one batch.
+        """
         tree = TokenTree(root)
         self._forwarded = 0
+        candidates: list[tuple[float, int, int, float]] = []    # (-path logprob, parent, token, logprob)
         lo = 0
         for _ in range(shape.depth):
             hi = len(tree)
             logprobs = torch.log_softmax(self._forward_nodes(tree, lo, hi), dim=-1)
-            room = shape.budget - (len(tree) - 1)
-            top_lp, top_tok = torch.topk(logprobs, min(shape.topk, room), dim=-1)
-            parents_lp = torch.tensor([tree.path_logprob(i) for i in range(lo, hi)])[:, None]
-            path_lp = (parents_lp + top_lp).flatten()
-            best = torch.topk(path_lp, min(room, path_lp.numel())).indices
-            k = top_tok.shape[1]
-            for flat in sorted(best.tolist()):             # parent order, then rank
-                row, col = divmod(flat, k)
-                tree.add(lo + row, int(top_tok[row, col]), float(top_lp[row, col]))
+            top_lp, top_tok = torch.topk(logprobs, shape.topk, dim=-1)
+            for row in range(hi - lo):
+                base = tree.path_logprob(lo + row)
+                for lp, tok in zip(top_lp[row].tolist(), top_tok[row].tolist()):
+                    heapq.heappush(candidates, (-(base + lp), lo + row, tok, lp))
+            room = min(shape.width, shape.budget - (len(tree) - 1))
+            for _ in range(min(room, len(candidates))):
+                _, parent, tok, lp = heapq.heappop(candidates)
+                tree.add(parent, tok, lp)
             lo = hi
-            if len(tree) - 1 >= shape.budget:
+            if len(tree) - 1 >= shape.budget or lo == len(tree):
                 break
         return tree
 

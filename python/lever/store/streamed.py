@@ -21,6 +21,7 @@ import collections
 import os
 import resource
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,10 @@ from .manifest import WEIGHTS, Extent, StoreManifest
 from .residency import ResidencyPlan, pass_order, plan_residency
 
 _ALIGN = 4096
+
+# Weights used in place are read-only views of the read buffers; torch warns
+# that it cannot write to them, which it never needs to.
+warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
@@ -72,15 +77,23 @@ class _Workspace:
         self._np = (self.buf.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16
                     else self.buf.numpy())
 
-    def dequantize(self, raw: np.ndarray, extent: Extent) -> dict[str, torch.Tensor]:
-        """Tensors of `extent` (raw = its bytes) as views into the workspace."""
-        out, pos = {}, 0
+    def dequantize(self, raw: np.ndarray, extent: Extent,
+                   in_place_qtype: int | None = None) -> tuple[dict[str, torch.Tensor], bool]:
+        """Tensors of `extent` (raw = its bytes): views of `raw` itself for tensors
+        stored as `in_place_qtype` (the compute dtype), the rest dequantised into the
+        workspace.  Returns (tensors, whether any view of `raw` was handed out)."""
+        out, pos, in_place = {}, 0, False
         for t in extent.tensors:
             n = int(np.prod(t.shape))
-            _native.dequantize(raw[t.offset:t.offset + t.nbytes], t.qtype, self._np[pos:pos + n])
+            src = raw[t.offset:t.offset + t.nbytes]
+            if t.qtype == in_place_qtype and len(t.shape) > 1:
+                out[t.name] = torch.frombuffer(src, dtype=self.dtype).view(t.shape)
+                in_place = True
+                continue
+            _native.dequantize(src, t.qtype, self._np[pos:pos + n])
             out[t.name] = self.buf[pos:pos + n].view(t.shape)
             pos += n
-        return out
+        return out, in_place
 
 
 class StreamedDecoder:
@@ -111,8 +124,10 @@ class StreamedDecoder:
         g = self.manifest.globals
         glob = _Workspace(sum(int(np.prod(t.shape)) for t in g.tensors), dtype)
         self.norm = RMSNorm(self.config.hidden_size, self.config.rms_norm_eps)
-        self.norm.weight = torch.nn.Parameter(glob.dequantize(self._read_whole(g), g)["norm.weight"].clone(),
+        self.norm.weight = torch.nn.Parameter(glob.dequantize(self._read_whole(g), g)[0]["norm.weight"].clone(),
                                               requires_grad=False)
+        # tensors stored in the compute dtype are used straight from the read buffer
+        self._in_place_qtype = {torch.bfloat16: 30, torch.float32: 0}[dtype]
         self._embed_rows: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
         self._embed_cap = 4096
         self._streamed = self.plan.streamed
@@ -136,8 +151,14 @@ class StreamedDecoder:
             self.reader.submit(slot, e.offset, e.length, list(e.chunk_crc32c), e.name)
             self._inflight.append((e, slot))
 
-    def _weights(self, e: Extent) -> dict[str, torch.Tensor]:
-        """Dequantised tensors of `e`, from DRAM or from the ring (then refilled)."""
+    def _weights(self, e: Extent) -> tuple[dict[str, torch.Tensor], int | None]:
+        """Tensors of `e` in the compute dtype, from DRAM or from the ring.
+
+        Tensors already stored in the compute dtype are used in place (no
+        copy); the rest are dequantised into the workspace.  Returns the ring
+        slot to release once the tensors are no longer needed (None if none):
+        a slot whose bytes were copied out is released here at once.
+        """
         slot = None
         if e.name in self._pinned:
             raw = self._pinned[e.name]
@@ -149,12 +170,17 @@ class StreamedDecoder:
             raw = self.reader.wait(slot)
             self.stats.stall_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        weights = self._ws.dequantize(raw, e)
+        weights, in_place = self._ws.dequantize(raw, e, in_place_qtype=self._in_place_qtype)
         self.stats.dequant_s += time.perf_counter() - t0
+        if slot is not None and not in_place:
+            self._release(slot)
+            slot = None
+        return weights, slot
+
+    def _release(self, slot: int | None) -> None:
         if slot is not None:
             self._free_slots.append(slot)
             self._fill_ring()
-        return weights
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         rows = []
@@ -209,10 +235,11 @@ class StreamedDecoder:
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
         x = self._embed(tokens)
         for i, e in enumerate(self.manifest.layers):
-            w = self._weights(e)
+            w, slot = self._weights(e)
             t0 = time.perf_counter()
             x = functional_call(self._layer, w, (x, cos, sin, mask, cache, i))
             self.stats.compute_s += time.perf_counter() - t0
+            self._release(slot)
         cache.advance(t)
         if logits_rows is not None:
             x = x[logits_rows]
@@ -221,10 +248,11 @@ class StreamedDecoder:
         self.stats.compute_s += time.perf_counter() - t0
         logits = torch.empty(h.shape[0], self.config.vocab_size, dtype=torch.float32)
         for e in self.manifest.head_parts:
-            w = self._weights(e)["weight"]
+            w, slot = self._weights(e)
             t0 = time.perf_counter()
-            logits[:, e.rows[0]:e.rows[1]] = F.linear(h, w)
+            logits[:, e.rows[0]:e.rows[1]] = F.linear(h, w["weight"])
             self.stats.compute_s += time.perf_counter() - t0
+            self._release(slot)
         self.stats.passes += 1
         self.stats.tokens += t
         return logits
