@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-import lever  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
+import lever
 import torch
 
 

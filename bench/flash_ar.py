@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import lever  # noqa: F401  (first: sets OpenMP's wait policy before torch loads)
 import torch
 
 from lever.api import cache_root, store_tokenizer
