@@ -35,7 +35,7 @@ from ..errors import StoreError
 from ..model.decoder import Decoder, DecoderLayer, RMSNorm, rope_cos_sin
 from ..model.kv_cache import KVCache
 from ..model.weights import build_decoder
-from .flash_reader import FlashReader
+from .flash_reader import FlashReader, aligned_empty
 from .manifest import WEIGHTS, Extent, StoreManifest
 from .residency import ResidencyPlan, pass_order, plan_residency
 
@@ -44,13 +44,6 @@ _ALIGN = 4096
 # Weights used in place are read-only views of the read buffers; torch warns
 # that it cannot write to them, which it never needs to.
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
-
-
-def aligned_empty(nbytes: int) -> np.ndarray:
-    """A uint8 array of `nbytes` whose start is 4 KiB aligned (for O_DIRECT)."""
-    buf = np.empty(nbytes + _ALIGN, dtype=np.uint8)
-    skip = (-buf.ctypes.data) % _ALIGN
-    return buf[skip:skip + nbytes]
 
 
 @dataclass
