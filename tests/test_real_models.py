@@ -23,7 +23,7 @@ PROMPTS = [
 @pytest.fixture(scope="module", params=["smollm2", "qwen05", pytest.param("qwen15", marks=pytest.mark.slow)])
 def real(request, lever_cache):
     path = request.getfixturevalue(f"{request.param}_path")
-    ours, gguf = load_gguf_model(path, torch.float32)
+    ours, gguf = load_gguf_model(path, torch.float32, quantized=False)
     tok = Tokenizer.from_gguf(gguf, cache_dir=lever_cache / "tokenizers")
     return request.param, path, ours, tok
 
@@ -92,7 +92,7 @@ def test_greedy_tokens_equal_transformers_generate(real):
 
 def test_bf16_model_agrees_with_fp32(real):
     _, path, ours, tok = real
-    bf16, _ = load_gguf_model(path, torch.bfloat16)
+    bf16, _ = load_gguf_model(path, torch.bfloat16, quantized=False)
     ids = tok.encode(tok.format_prompt(PROMPTS[1]))
     a, b = our_logits(ours, ids), our_logits(bf16, ids)
     assert b.dtype == torch.float32

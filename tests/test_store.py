@@ -56,7 +56,7 @@ def test_store_round_trip_equals_source(which, request, smollm2_path, qwen05_pat
     """Every tensor read back from the store equals the source's (dequantised, fp32, exact)."""
     store = request.getfixturevalue(f"{which}_store")
     source = smollm2_path if which == "smol" else qwen05_path
-    ref, _ = load_gguf_model(source, torch.float32)
+    ref, _ = load_gguf_model(source, torch.float32, quantized=False)
     got = load_store_model(store, torch.float32)
     ref_params, got_params = dict(ref.named_parameters()), dict(got.named_parameters())
     assert ref_params.keys() == got_params.keys()
@@ -65,7 +65,7 @@ def test_store_round_trip_equals_source(which, request, smollm2_path, qwen05_pat
 
 
 def test_bf16_store_round_trip(smol_bf16_store, smollm2_path):
-    ref, _ = load_gguf_model(smollm2_path, torch.bfloat16)
+    ref, _ = load_gguf_model(smollm2_path, torch.bfloat16, quantized=False)
     got = load_store_model(smol_bf16_store, torch.bfloat16)
     for (name, p), (_, q) in zip(ref.named_parameters(), got.named_parameters()):
         assert torch.equal(p, q), name
@@ -122,18 +122,21 @@ def run_passes(model, ids, steps=3):
 
 @pytest.mark.parametrize("which", ["smol", "qwen", "smol_bf16"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_streamed_equals_in_memory(which, dtype, request):
-    """bf16 stores computed in bf16 use the read buffers in place; all else is dequantised."""
+@pytest.mark.parametrize("quantized", [True, False])
+def test_streamed_equals_in_memory(which, dtype, quantized, request):
+    """Quantised matrices are multiplied straight from the read buffers (quantized)
+    or dequantised; bf16 stores computed in bf16 use the read buffers in place.
+    Either way the logits equal the in-memory model's bit for bit."""
     store = request.getfixturevalue(f"{which}_store")
     ids = [1, 100, 2000, 300, 42, 7, 999, 5]
-    ref = run_passes(load_store_model(store, dtype), ids)
+    ref = run_passes(load_store_model(store, dtype, quantized=quantized), ids)
     m = StoreManifest.load(store)
     dtype_bytes = torch.empty(0, dtype=dtype).element_size()
     lo = minimum_budget(store, dtype_bytes=dtype_bytes)
     hi = full_budget(store)
     pinned_counts = []
     for budget in (lo, (lo + m.weights_bytes // 2), hi):      # nothing, about half, everything pinned
-        model = StreamedDecoder(store, budget, dtype)
+        model = StreamedDecoder(store, budget, dtype, quantized=quantized)
         got = run_passes(model, ids)
         pinned_counts.append(model.plan.pinned_layers)
         assert torch.equal(got, ref), f"budget {budget}: max diff {(got - ref).abs().max()}"

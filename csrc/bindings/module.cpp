@@ -21,7 +21,8 @@
 
 namespace py = pybind11;
 
-void bind_tree(py::module_& m);  // csrc/bindings/tree_bindings.cpp
+void bind_tree(py::module_& m);     // csrc/bindings/tree_bindings.cpp
+void bind_kernels(py::module_& m);  // csrc/bindings/kernel_bindings.cpp
 
 namespace {
 
@@ -242,7 +243,7 @@ See lever.store.flash_reader.FlashReader for the documented wrapper.)doc")
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "Lever's native core (C++): GGUF dequantisation, a thread pool, the flash reader.";
+  m.doc() = "Lever's native core (C++): GGUF dequantisation, quantised matmul, a thread pool, the flash reader, token trees.";
 
   m.def("dequantize", &dequantize, py::arg("raw"), py::arg("qtype"), py::arg("out"),
         R"doc(Dequantise GGUF/ggml tensor data into `out`.
@@ -269,4 +270,6 @@ Releases the GIL and runs on the native thread pool.)doc");
   bind_flash_reader(m);
 
   bind_tree(m);
+
+  bind_kernels(m);
 }

@@ -105,9 +105,12 @@ class LoadedModel:
 
 
 def load(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
-         cache_dir: str | os.PathLike | None = None, progress: bool = True) -> LoadedModel:
+         cache_dir: str | os.PathLike | None = None, progress: bool = True,
+         quantized: bool = True) -> LoadedModel:
     """Load a registered model by name (see `lever models`), a GGUF file, or a
-    Hugging Face checkpoint directory, in `dtype` (bfloat16 or float32)."""
+    Hugging Face checkpoint directory, computing in `dtype` (bfloat16 or float32).
+    A GGUF's quantised matrices stay quantised in DRAM and are multiplied by the
+    native kernels; quantized=False dequantises them (the torch matmul path)."""
     t0 = time.perf_counter()
     root = cache_root(cache_dir)
     path = resolve_model(model, cache_dir=root, progress=progress)
@@ -116,7 +119,7 @@ def load(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
         decoder = load_checkpoint_model(path, torch_dtype)
         tokenizer = Tokenizer.from_pretrained_dir(path)
     elif path.is_file():
-        decoder, gguf = load_gguf_model(path, torch_dtype)
+        decoder, gguf = load_gguf_model(path, torch_dtype, quantized=quantized)
         tokenizer = Tokenizer.from_gguf(gguf, cache_dir=root / "tokenizers")
     else:
         raise ModelFormatError(f"{path}: not a file or directory")
@@ -125,27 +128,32 @@ def load(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
 
 def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str | torch.dtype = "bfloat16",
                backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
-               cache_dir: str | os.PathLike | None = None) -> LoadedModel:
+               cache_dir: str | os.PathLike | None = None, quantized: bool = True) -> LoadedModel:
     """A target streamed from a flash store (`lever convert`) under a DRAM budget
-    ('600MB', '1.5GiB' or bytes). Its `.model.report()` gives the I/O statistics."""
+    ('600MB', '1.5GiB' or bytes). Its `.model.report()` gives the I/O statistics.
+    Quantised matrices are multiplied straight from the read buffers by the
+    native kernels; quantized=False dequantises them first."""
     from .store.residency import parse_size
     from .store.streamed import StreamedDecoder
 
     t0 = time.perf_counter()
     model = StreamedDecoder(store_dir, parse_size(dram_budget), parse_dtype(dtype), backend=backend,
-                            prefetch_depth=prefetch_depth, kv_tokens=kv_tokens)
+                            prefetch_depth=prefetch_depth, kv_tokens=kv_tokens, quantized=quantized)
     tokenizer = store_tokenizer(store_dir, cache_dir)
     return LoadedModel(model, tokenizer, Path(store_dir), load_s=time.perf_counter() - t0)
 
 
 def make_drafter(name: str, dtype: str | torch.dtype = "bfloat16",
-                 cache_dir: str | os.PathLike | None = None, progress: bool = True):
-    """'ngram' (prompt lookup, no model) or a draft model (name or path) kept in DRAM."""
+                 cache_dir: str | os.PathLike | None = None, progress: bool = True,
+                 quantized: bool = True):
+    """'ngram' (prompt lookup, no model) or a draft model (name or path) kept in
+    DRAM, quantised unless quantized=False."""
     if name == "ngram":
         from .draft.ngram import NgramDrafter
         return NgramDrafter()
     from .draft.model_drafter import ModelDrafter
-    return ModelDrafter(load(name, dtype=dtype, cache_dir=cache_dir, progress=progress).model)
+    return ModelDrafter(load(name, dtype=dtype, cache_dir=cache_dir, progress=progress,
+                             quantized=quantized).model)
 
 
 def store_tokenizer(store_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Tokenizer:

@@ -116,6 +116,9 @@ def add_parser(subparsers) -> None:
                    help="0 = greedy (default; modes are then checked token for token against ar)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (temperature > 0)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
+    p.add_argument("--kernels", default="native", choices=["native", "torch"],
+                   help="native: quantised matrices stay quantised and Lever's kernels multiply them "
+                        "(default); torch: dequantise them to --dtype and use torch matmul")
     p.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
                    help="flash reader backend (default auto)")
     p.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
@@ -196,12 +199,14 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
         ids = [tok.encode(tok.format_prompt(p["text"], chat=True)) for p in prompts]
         kv_tokens = max(map(len, ids)) + new_tokens + max_draft + 2
         loaded = load_store(store, budget, dtype=args.dtype, backend=args.reader,
+                            quantized=args.kernels == "native",
                             prefetch_depth=args.prefetch_depth, kv_tokens=kv_tokens, cache_dir=args.cache_dir)
         target_name = str(store)
     else:
         manifest, budget = None, None
         target_name = args.target or DEFAULT_MODEL
-        loaded: LoadedModel = load(target_name, dtype=args.dtype, cache_dir=args.cache_dir, progress=True)
+        loaded: LoadedModel = load(target_name, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
+                      quantized=args.kernels == "native")
         ids = [loaded.prompt_ids(p["text"]) for p in prompts]
     target = loaded.model
     streamed = hasattr(target, "reset_stats")
@@ -212,8 +217,10 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     if args.resident and streamed:
         from ..model.weights import parse_dtype
         from ..store.streamed import load_store_model
-        resident = load_store_model(store, parse_dtype(args.dtype), backend=args.reader)
-    drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir) if needs_draft else None
+        resident = load_store_model(store, parse_dtype(args.dtype), backend=args.reader,
+                                    quantized=args.kernels == "native")
+    drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
+                                   quantized=args.kernels == "native") if needs_draft else None
     stop_ids = loaded.tokenizer.eos_token_ids
 
     # -- warm up (allocations, the read ring, the drafter), then start cold

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+import torch
+
 from ..api import DEFAULT_MODEL, load
 from ..errors import LeverError
 
@@ -24,6 +26,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, metavar="S")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"],
                    help="compute dtype (default bfloat16)")
+    p.add_argument("--kernels", default="native", choices=["native", "torch"],
+                   help="native: quantised matrices stay quantised and Lever's kernels multiply them "
+                        "(default); torch: dequantise them to --dtype and use torch matmul")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     p.add_argument("--cache-dir", default=None, help="where assembled models and tokenizers are cached")
     flash = p.add_argument_group("flash-resident target")
@@ -68,10 +73,12 @@ def run(args: argparse.Namespace) -> int:
         if args.drop_caches:
             page_cache = drop_page_cache()
         loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
+                            quantized=args.kernels == "native",
                             prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
                             kv_tokens=_kv_tokens(args))
     else:
-        loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True)
+        loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
+                      quantized=args.kernels == "native")
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -90,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         if mode != "ar" and not args.draft:
             raise LeverError(f"--mode {mode} needs --draft (a draft model or 'ngram')")
         if args.draft:
-            drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir)
+            drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
+                                   quantized=args.kernels == "native")
     completion = loaded.generate(prompt, max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                  seed=args.seed, chat=not args.no_chat,
@@ -102,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         out["dtype"] = args.dtype
         out["mode"] = mode
         out["draft"] = args.draft
+        out["kernels"] = kernel_info(args.kernels, loaded.model, drafter)
         if args.target_store:
             out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), page_cache)
         print(json.dumps(out))
@@ -111,6 +120,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{len(r.token_ids)} tokens, prefill {r.prefill_s:.2f} s, "
               f"decode {r.decode_tokens_per_s:.1f} tokens/s, stop: {r.stop_reason}]", file=sys.stderr)
     return 0
+
+
+def kernel_info(mode: str, model, drafter=None) -> dict:
+    """Which matmul path ran, on which instruction set, and the weight bytes held in DRAM."""
+    from .. import _native
+    from ..model.linear import resident_bytes
+    info = {"mode": mode, "isa": _native.kernel_isa(), "threads": _native.get_num_threads()}
+    if isinstance(model, torch.nn.Module):
+        info["resident_weight_bytes"] = resident_bytes(model)
+    draft_model = getattr(drafter, "model", None)
+    if isinstance(draft_model, torch.nn.Module):
+        info["draft_resident_weight_bytes"] = resident_bytes(draft_model)
+    return info
 
 
 def _kv_tokens(args) -> int:

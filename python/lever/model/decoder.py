@@ -5,6 +5,10 @@ position ids and an explicit boolean attention mask over (cached rows + new
 tokens), appends their keys/values to a `KVCache`, and returns logits.
 Plain decoding passes a causal mask; tree verification passes a tree mask.
 
+Linear layers and the embedding hold either dense torch weights or quantised
+blocks (`lever.model.linear`): quantised weights are multiplied by the native
+kernels without being dequantised.
+
 Parameter names follow Hugging Face (`embed_tokens`, `layers.N.self_attn.q_proj`,
 ...) minus the `model.` prefix, so checkpoints map onto it one to one.
 """
@@ -16,7 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .attention import attend
 from .kv_cache import KVCache
+from .linear import Embedding, Linear, linear
 
 
 class RMSNorm(nn.Module):
@@ -50,10 +56,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(cfg.hidden_size, cfg.n_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.k_proj = Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.v_proj = Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.o_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, mask, cache: KVCache, layer: int) -> torch.Tensor:
         t = x.shape[0]
@@ -62,16 +68,15 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.n_kv_heads, self.head_dim).transpose(0, 1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_all, v_all = cache.write(layer, k, v)
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out.transpose(0, 1).reshape(t, self.n_heads * self.head_dim))
+        return self.o_proj(attend(q, k_all, v_all, mask))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -96,23 +101,29 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.compute_dtype = torch.float32   # set by the loader; the dtype of activations
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        """Activation dtype: the dense embedding's, else what the loader chose."""
+        w = self.embed_tokens.weight
+        return w.dtype if w is not None else self.compute_dtype
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         cfg = self.config
         return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, self.dtype, capacity)
 
-    def output_weight(self) -> torch.Tensor:
-        """[vocab, hidden] rows of the output head (the embedding when tied)."""
-        return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+    def output_weight(self):
+        """[vocab, hidden] rows of the output head (the embedding when tied): a
+        torch tensor or a `QuantTensor`."""
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens.table()
+        return self.lm_head.qweight if self.lm_head.qweight is not None else self.lm_head.weight
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
@@ -130,13 +141,13 @@ class Decoder(nn.Module):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({t}, {cache.length + t})")
         cache.reserve(cache.length + t)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
-        x = self.embed_tokens(tokens)
+        x = self.embed_tokens(tokens, self.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i)
         cache.advance(t)
         if logits_rows is not None:
             x = x[logits_rows]
-        return F.linear(self.norm(x), self.output_weight()).float()
+        return linear(self.norm(x), self.output_weight()).float()
 
 
 def causal_mask(n_new: int, n_cached: int) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """Load a Llama / Qwen2 decoder from a GGUF file.
 
-Hyperparameters come from the metadata; tensors are dequantised one at a time
-by the native core straight into the compute dtype.  llama.cpp stores the
+Hyperparameters come from the metadata.  By default every matrix whose type
+has a native matmul kernel (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0) stays quantised in
+memory, copied out of the file as its blocks; other tensors (norms, biases,
+types without a kernel, and all weights with `quantized=False`) are
+dequantised one at a time by the native core straight into the compute dtype.  llama.cpp stores the
 q/k projections of *llama* models with rows permuted for its interleaved RoPE;
 `unpermute_qk` undoes that so the rotate-half RoPE of `decoder.py` applies.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from ..errors import ModelFormatError, UnsupportedModelError
@@ -18,6 +22,7 @@ from .. import quant
 from .config import SUPPORTED_ARCHS, ModelConfig
 from .decoder import Decoder
 from .gguf_file import GGUFFile
+from .linear import QuantTensor, has_kernel
 from .weights import build_decoder
 
 _GLOBAL_NAMES = {
@@ -95,8 +100,9 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(g: GGUFFile, cfg: ModelConfig, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """(decoder name, tensor in `dtype`) for every weight in the file, one at a time."""
+def gguf_tensors(g: GGUFFile, cfg: ModelConfig, dtype: torch.dtype,
+                 quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantTensor]]:
+    """(decoder name, tensor in `dtype` or QuantTensor) for every weight in the file, one at a time."""
     for info in g.tensors.values():
         name = decoder_name(info.name)
         if name is None:
@@ -104,17 +110,27 @@ def gguf_tensors(g: GGUFFile, cfg: ModelConfig, dtype: torch.dtype) -> Iterator[
         if not quant.is_supported(info.qtype):
             raise UnsupportedModelError(f"{g.path.name}: tensor {info.name!r} uses quantisation type "
                                         f"{info.type_name}, which Lever cannot dequantise")
-        w = quant.dequantize(g.raw(info.name), info.qtype, info.shape, dtype)
+        heads = None
         if cfg.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = unpermute_qk(w, cfg.n_heads)
+            heads = cfg.n_heads
         elif cfg.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = unpermute_qk(w, cfg.n_kv_heads)
-        yield name, w
+            heads = cfg.n_kv_heads
+        if quantized and len(info.shape) == 2 and has_kernel(info.qtype):
+            w = QuantTensor(np.array(g.raw(info.name)), info.qtype, tuple(info.shape))
+            if heads:
+                w = w.permute_rows(unpermute_qk(torch.arange(info.shape[0]), heads))
+            yield name, w
+            continue
+        w = quant.dequantize(g.raw(info.name), info.qtype, info.shape, dtype)
+        yield name, unpermute_qk(w, heads) if heads else w
 
 
-def load_gguf_model(path, dtype: torch.dtype = torch.bfloat16) -> tuple[Decoder, GGUFFile]:
-    """Read a GGUF file into a Decoder in `dtype`; also returns the parsed file (metadata)."""
+def load_gguf_model(path, dtype: torch.dtype = torch.bfloat16,
+                    quantized: bool = True) -> tuple[Decoder, GGUFFile]:
+    """Read a GGUF file into a Decoder computing in `dtype`; also returns the
+    parsed file (metadata).  quantized=False dequantises every weight into a
+    dense torch tensor (the torch matmul path)."""
     g = GGUFFile(path)
     cfg = config_from_gguf(g)
-    model = build_decoder(cfg, gguf_tensors(g, cfg, dtype), dtype, source=g.path.name)
+    model = build_decoder(cfg, gguf_tensors(g, cfg, dtype, quantized), dtype, source=g.path.name)
     return model, g

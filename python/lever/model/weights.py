@@ -2,6 +2,8 @@
 
 The model is built on the meta device and each tensor is assigned as it
 arrives, so peak memory is the finished model plus one tensor in flight.
+A weight may arrive as a `QuantTensor` (ggml blocks): its `Linear` /
+`Embedding` then keeps it quantised for the native kernels.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ import torch
 from ..errors import ModelFormatError
 from .config import ModelConfig
 from .decoder import Decoder
+from .linear import QuantTensor
 
 
-def build_decoder(cfg: ModelConfig, named_tensors: Iterable[tuple[str, torch.Tensor]],
+def build_decoder(cfg: ModelConfig, named_tensors: Iterable[tuple[str, torch.Tensor | QuantTensor]],
                   dtype: torch.dtype, source: str = "model") -> Decoder:
-    """Assemble a Decoder from (name, tensor) pairs in Decoder parameter names."""
+    """Assemble a Decoder from (name, tensor) pairs in Decoder parameter names;
+    `dtype` is the compute dtype of dense weights and activations."""
     with torch.device("meta"):
         model = Decoder(cfg)
+    model.compute_dtype = dtype
     expected = dict(model.named_parameters())
     seen = set()
     for name, tensor in named_tensors:
@@ -29,7 +34,10 @@ def build_decoder(cfg: ModelConfig, named_tensors: Iterable[tuple[str, torch.Ten
         if tuple(tensor.shape) != tuple(param.shape):
             raise ModelFormatError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                                    f"expected {tuple(param.shape)}")
-        _assign(model, name, tensor.to(dtype))
+        if isinstance(tensor, QuantTensor):
+            _module_of(model, name).set_quantized(tensor)
+        else:
+            _assign(model, name, tensor.to(dtype))
         seen.add(name)
     missing = sorted(set(expected) - seen)
     if missing:
@@ -38,12 +46,16 @@ def build_decoder(cfg: ModelConfig, named_tensors: Iterable[tuple[str, torch.Ten
     return model.eval()
 
 
-def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
-    *path, leaf = name.split(".")
+def _module_of(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """The module that owns parameter `name` ("layers.0.mlp.up_proj.weight")."""
     module = model
-    for part in path:
+    for part in name.split(".")[:-1]:
         module = getattr(module, part)
-    setattr(module, leaf, torch.nn.Parameter(tensor, requires_grad=False))
+    return module
+
+
+def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    setattr(_module_of(model, name), name.rsplit(".", 1)[-1], torch.nn.Parameter(tensor, requires_grad=False))
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,

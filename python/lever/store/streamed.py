@@ -10,9 +10,13 @@ resubmitted for the next streamed extent in cyclic order, so layers
 l+1..l+k (and, near the end of a pass, the first layers of the next pass) are
 in flight while layer l computes.
 
-Weights are dequantised by the native core into one preallocated workspace
-and bound to a meta-device `DecoderLayer` with `torch.func.functional_call`,
-so the arithmetic is the same code as the in-memory decoder.
+Matrices whose block type has a native matmul kernel (e.g. the Q4_K / Q6_K
+of a `source` store) are used straight from the read buffer as `QuantTensor`
+views; tensors stored in the compute dtype (a `bf16` store) are used in place
+too; anything else is dequantised into one preallocated workspace.  They are
+bound to a meta-device `DecoderLayer` (quantised ones as `Linear.qweight`,
+dense ones through `torch.func.functional_call`), so the arithmetic is the
+same code as the in-memory decoder.
 """
 
 from __future__ import annotations
@@ -27,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call
 
-from .. import _native
+from .. import _native, quant
 from ..errors import StoreError
 from ..model.decoder import Decoder, DecoderLayer, RMSNorm, rope_cos_sin
 from ..model.kv_cache import KVCache
+from ..model.linear import Linear, QuantTensor, has_kernel, linear
 from ..model.weights import build_decoder
 from .flash_reader import FlashReader, aligned_empty
 from .manifest import WEIGHTS, Extent, StoreManifest
@@ -70,15 +74,20 @@ class _Workspace:
         self._np = (self.buf.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16
                     else self.buf.numpy())
 
-    def dequantize(self, raw: np.ndarray, extent: Extent,
-                   in_place_qtype: int | None = None) -> tuple[dict[str, torch.Tensor], bool]:
-        """Tensors of `extent` (raw = its bytes): views of `raw` itself for tensors
-        stored as `in_place_qtype` (the compute dtype), the rest dequantised into the
-        workspace.  Returns (tensors, whether any view of `raw` was handed out)."""
+    def dequantize(self, raw: np.ndarray, extent: Extent, in_place_qtype: int | None = None,
+                   quantized: bool = False) -> tuple[dict, bool]:
+        """Tensors of `extent` (raw = its bytes): views of `raw` itself for matrices
+        stored as `in_place_qtype` (the compute dtype) or, with `quantized`, in a
+        type the native kernels multiply (as `QuantTensor`); the rest dequantised
+        into the workspace.  Returns (tensors, whether any view of `raw` was handed out)."""
         out, pos, in_place = {}, 0, False
         for t in extent.tensors:
             n = int(np.prod(t.shape))
             src = raw[t.offset:t.offset + t.nbytes]
+            if quantized and len(t.shape) == 2 and has_kernel(t.qtype):
+                out[t.name] = QuantTensor(src, t.qtype, tuple(t.shape))
+                in_place = True
+                continue
             if t.qtype == in_place_qtype and len(t.shape) > 1:
                 out[t.name] = torch.frombuffer(src, dtype=self.dtype).view(t.shape)
                 in_place = True
@@ -94,11 +103,12 @@ class StreamedDecoder:
 
     def __init__(self, store_dir: str | os.PathLike, dram_budget: int, dtype: torch.dtype = torch.bfloat16,
                  backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
-                 direct: bool = True, queue_depth: int = 8):
+                 direct: bool = True, queue_depth: int = 8, quantized: bool = True):
         self.store_dir = Path(store_dir)
         self.manifest = StoreManifest.load(self.store_dir)
         self.config = self.manifest.config
         self.dtype = dtype
+        self.quantized = quantized      # multiply quantised blocks natively (else dequantise)
         dtype_bytes = torch.empty(0, dtype=dtype).element_size()
         self.plan: ResidencyPlan = plan_residency(self.manifest, dram_budget, dtype_bytes, kv_tokens,
                                                   prefetch_depth)
@@ -163,7 +173,8 @@ class StreamedDecoder:
             raw = self.reader.wait(slot)
             self.stats.stall_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        weights, in_place = self._ws.dequantize(raw, e, in_place_qtype=self._in_place_qtype)
+        weights, in_place = self._ws.dequantize(raw, e, in_place_qtype=self._in_place_qtype,
+                                                quantized=self.quantized)
         self.stats.dequant_s += time.perf_counter() - t0
         if slot is not None and not in_place:
             self._release(slot)
@@ -230,7 +241,7 @@ class StreamedDecoder:
         for i, e in enumerate(self.manifest.layers):
             w, slot = self._weights(e)
             t0 = time.perf_counter()
-            x = functional_call(self._layer, w, (x, cos, sin, mask, cache, i))
+            x = functional_call(self._layer, _bind_quantized(self._layer, w), (x, cos, sin, mask, cache, i))
             self.stats.compute_s += time.perf_counter() - t0
             self._release(slot)
         cache.advance(t)
@@ -243,7 +254,7 @@ class StreamedDecoder:
         for e in self.manifest.head_parts:
             w, slot = self._weights(e)
             t0 = time.perf_counter()
-            logits[:, e.rows[0]:e.rows[1]] = F.linear(h, w["weight"])
+            logits[:, e.rows[0]:e.rows[1]] = linear(h, w["weight"])
             self.stats.compute_s += time.perf_counter() - t0
             self._release(slot)
         self.stats.passes += 1
@@ -281,9 +292,24 @@ class StreamedDecoder:
         os.close(self._embed_fd)
 
 
+def _bind_quantized(layer: torch.nn.Module, weights: dict) -> dict[str, torch.Tensor]:
+    """Set each `Linear.qweight` of `layer` to its `QuantTensor` in `weights` (or
+    None when the weight is dense); returns the dense tensors for functional_call."""
+    dense = {}
+    for name, w in weights.items():
+        owner, leaf = name.rsplit(".", 1)
+        module = layer.get_submodule(owner)
+        if isinstance(module, Linear) and leaf == "weight":
+            module.qweight = w if isinstance(w, QuantTensor) else None
+        if not isinstance(w, QuantTensor):
+            dense[name] = w
+    return dense
+
+
 def load_store_model(store_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
-                     backend: str = "auto") -> Decoder:
-    """The whole store dequantised into an in-memory `Decoder` (the resident reference)."""
+                     backend: str = "auto", quantized: bool = False) -> Decoder:
+    """The whole store read into an in-memory `Decoder` (the resident reference):
+    dequantised, or with `quantized` its kernel-ready matrices kept as blocks."""
     m = StoreManifest.load(store_dir)
     reader = FlashReader(Path(store_dir) / WEIGHTS, slot_bytes=_ALIGN, n_slots=1, backend=backend,
                          chunk_bytes=m.chunk_bytes)
@@ -293,26 +319,37 @@ def load_store_model(store_dir: str | os.PathLike, dtype: torch.dtype = torch.bf
             reader.read(e.offset, e.length, buf, list(e.chunk_crc32c), e.name)
             return buf
 
+        def matrix(parts: list[Extent]):
+            """One matrix stored as row groups (head / embedding parts)."""
+            t = parts[0].tensors[0]
+            raws = [read(e)[e.tensors[0].offset:][:e.tensors[0].nbytes] for e in parts]
+            rows = sum(e.tensors[0].shape[0] for e in parts)
+            if quantized and has_kernel(t.qtype):
+                return QuantTensor(np.concatenate(raws), t.qtype, (rows, t.shape[1]))
+            return torch.cat([quant.dequantize(r, e.tensors[0].qtype, e.tensors[0].shape, dtype)
+                              for r, e in zip(raws, parts)])
+
         def tensors():
             for e in m.layers:
                 raw = read(e)
                 for t in e.tensors:
-                    yield f"layers.{e.index}.{t.name}", _dequant_tensor(raw, t, dtype)
-            head = torch.cat([_dequant_tensor(read(e), e.tensors[0], dtype) for e in m.head_parts])
+                    yield f"layers.{e.index}.{t.name}", _tensor(raw, t, dtype, quantized)
+            head = matrix(m.head_parts)
             if m.config.tie_word_embeddings:
                 yield "embed_tokens.weight", head
             else:
                 yield "lm_head.weight", head
-                yield "embed_tokens.weight", torch.cat([_dequant_tensor(read(e), e.tensors[0], dtype)
-                                                        for e in m.embedding_parts])
+                yield "embed_tokens.weight", matrix(m.embedding_parts)
             g = m.globals
-            yield "norm.weight", _dequant_tensor(read(g), g.tensors[0], dtype)
+            yield "norm.weight", _tensor(read(g), g.tensors[0], dtype, False)
 
         return build_decoder(m.config, tensors(), dtype, source=str(store_dir))
     finally:
         reader.close()
 
 
-def _dequant_tensor(raw: np.ndarray, t, dtype: torch.dtype) -> torch.Tensor:
-    from .. import quant
-    return quant.dequantize(raw[t.offset:t.offset + t.nbytes], t.qtype, t.shape, dtype)
+def _tensor(raw: np.ndarray, t, dtype: torch.dtype, quantized: bool):
+    src = raw[t.offset:t.offset + t.nbytes]
+    if quantized and len(t.shape) == 2 and has_kernel(t.qtype):
+        return QuantTensor(np.array(src), t.qtype, tuple(t.shape))
+    return quant.dequantize(src, t.qtype, t.shape, dtype)

@@ -1,0 +1,555 @@
+// Dot kernels for the 32-value weight blocks Q8_0, Q5_0, Q4_0 and Q4_1
+// against ActQ8_32 activations (see qdot.h for the interface and activation
+// format).
+//
+// Weight blocks (ggml layouts, as in dequant.cpp):
+//   Q8_0  34 bytes: fp16 d, int8 qs[32]                       w = d * q
+//   Q5_0  22 bytes: fp16 d, uint32 qh, qs[16] (4-bit pairs)   w = d * (q5 - 16)
+//   Q4_0  18 bytes: fp16 d, qs[16] (4-bit pairs)              w = d * (q4 - 8)
+//   Q4_1  20 bytes: fp16 d, fp16 m, qs[16] (4-bit pairs)      w = d * q4 + m
+// Element j < 16 of a 4-bit block is the low nibble of qs[j], element j + 16
+// the high nibble; Q5_0 adds bit j of qh as the 5th bit of element j.
+//
+// Every path first turns a weight block into 32 8-bit integers w' = q8,
+// q5 - 16 or q4 - 8 (signed), or q4 for Q4_1, then for each activation row
+// computes the exact integer sum isum = sum w'[i] * x.qs[i] and accumulates
+// (d_w * d_x) * isum in fp32; Q4_1 adds its offset as d_x * m * x.sum.
+// Only the order of the fp32 operations differs between the scalar, AVX2 and
+// AVX-512 paths.
+//
+//   - scalar: plain loops (the compiler may vectorise them; also the aarch64 build).
+//   - AVX2: one block per 256-bit register; vpmaddubsw needs one unsigned
+//     operand, so it multiplies |w'| by x with the sign of w' moved onto x
+//     (vpsignb), then vpmaddwd sums pairs to int32.
+//   - AVX-512 VNNI: two blocks per 512-bit register; vpdpbusd multiplies
+//     unsigned by signed bytes, so the activations are made unsigned
+//     (x + 128, an xor with 0x80) and the excess 128 * sum(w') is removed by
+//     starting the accumulation from -128 * sum(w'), computed once per weight
+//     block pair and shared by all rows. (Q4_1's w' = q4 is unsigned already.)
+// In all paths a weight block is unpacked once and used for all n_x rows; each
+// row keeps a vector of fp32 partial sums that is reduced only at the end.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/qdot.h"
+
+#if defined(__x86_64__)
+// GCC 12 reports its own AVX-512 intrinsics (the _mm512_undefined_* they use)
+// as possibly uninitialised under -Wall (GCC bug 105593); silence that there only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+namespace lever {
+namespace qdot {
+namespace {
+
+// Bytes per weight block.
+constexpr size_t kQ8_0Bytes = 34;
+constexpr size_t kQ5_0Bytes = 22;
+constexpr size_t kQ4_0Bytes = 18;
+constexpr size_t kQ4_1Bytes = 20;
+
+// Byte offsets inside an ActQ8_32 block.
+constexpr size_t kActBytes = sizeof(ActQ8_32);
+constexpr size_t kActD = offsetof(ActQ8_32, d);
+constexpr size_t kActSum = offsetof(ActQ8_32, sum);
+constexpr size_t kActQs = offsetof(ActQ8_32, qs);
+static_assert(kActBytes == 40 && kActD == 0 && kActSum == 4 && kActQs == 8,
+              "unexpected ActQ8_32 layout");
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline int32_t load_i32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline float load_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// fp16 -> fp32, exact for every input (as in dequant.cpp).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7FFFu;  // exponent and mantissa
+  uint32_t bits;
+  if (em >= 0x7C00u) {
+    bits = sign | (em << 13) | 0x7F800000u;  // inf / NaN
+  } else if (em >= 0x0400u) {
+    bits = sign | ((em << 13) + (112u << 23));  // normal: rebias 15 -> 127
+  } else {
+    const float sub = static_cast<float>(em) * 0x1p-24f;  // subnormal or 0
+    std::memcpy(&bits, &sub, sizeof bits);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// ---------------------------------------------------------------------------
+// Scalar: unpack a block to int8 w', then integer dot products per row.
+
+// Q8_0: the quants are already signed.
+inline void unpack_q8_0(const uint8_t* blk, int8_t* wq) { std::memcpy(wq, blk + 2, 32); }
+
+// Q5_0: w' = q5 - 16 = nibble - 16, plus 16 if the 5th bit (bit j of qh) is set.
+// (Written with a mask table instead of shifts by j so that it vectorises.)
+inline void unpack_q5_0(const uint8_t* blk, int8_t* wq) {
+  static constexpr uint32_t kBit[16] = {1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,
+                                        1u << 6,  1u << 7,  1u << 8,  1u << 9,  1u << 10, 1u << 11,
+                                        1u << 12, 1u << 13, 1u << 14, 1u << 15};
+  const uint32_t qh = load_u32(blk + 2);
+  const uint32_t qh_lo = qh & 0xFFFFu, qh_hi = qh >> 16;
+  const uint8_t* qs = blk + 6;
+  for (int j = 0; j < 16; ++j) {
+    const uint32_t lo_set = qh_lo & kBit[j], hi_set = qh_hi & kBit[j];
+    wq[j] = static_cast<int8_t>((qs[j] & 0x0F) - (lo_set ? 0 : 16));
+    wq[j + 16] = static_cast<int8_t>((qs[j] >> 4) - (hi_set ? 0 : 16));
+  }
+}
+
+// Q4_0: the nibbles minus 8.
+inline void unpack_q4_0(const uint8_t* blk, int8_t* wq) {
+  const uint8_t* qs = blk + 2;
+  for (int j = 0; j < 16; ++j) {
+    wq[j] = static_cast<int8_t>((qs[j] & 0x0F) - 8);
+    wq[j + 16] = static_cast<int8_t>((qs[j] >> 4) - 8);
+  }
+}
+
+// Q4_1: the nibbles (the offset m is applied separately).
+inline void unpack_q4_1(const uint8_t* blk, int8_t* wq) {
+  const uint8_t* qs = blk + 4;
+  for (int j = 0; j < 16; ++j) {
+    wq[j] = static_cast<int8_t>(qs[j] & 0x0F);
+    wq[j + 16] = static_cast<int8_t>(qs[j] >> 4);
+  }
+}
+
+// kMin: the block has an fp16 offset m after d (Q4_1).
+template <size_t kBlockBytes, void (*Unpack)(const uint8_t*, int8_t*), bool kMin = false>
+void dot_scalar(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                float* out) {
+  // More than kMaxDotRows rows (not expected): in groups of kMaxDotRows.
+  for (; n_x > kMaxDotRows; n_x -= kMaxDotRows, x += kMaxDotRows * x_stride, out += kMaxDotRows) {
+    dot_scalar<kBlockBytes, Unpack, kMin>(w, x, x_stride, kMaxDotRows, n_blocks, out);
+  }
+  float acc[kMaxDotRows] = {};
+  int8_t wq[32];
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* blk = w + b * kBlockBytes;
+    Unpack(blk, wq);
+    const float dw = half_to_float(load_u16(blk));
+    const float m = kMin ? half_to_float(load_u16(blk + 2)) : 0.0f;
+    for (int r = 0; r < n_x; ++r) {
+      const uint8_t* xb = x + r * x_stride + b * kActBytes;
+      const int8_t* xq = reinterpret_cast<const int8_t*>(xb + kActQs);
+      int32_t isum = 0;
+      for (int i = 0; i < 32; ++i) isum += wq[i] * xq[i];
+      const float dx = load_f32(xb + kActD);
+      if (kMin) {
+        // sum (d q + m) x = d * isum + m * x.sum
+        const float xsum = static_cast<float>(load_i32(xb + kActSum));
+        acc[r] += dx * (dw * static_cast<float>(isum) + m * xsum);
+      } else {
+        acc[r] += (dw * dx) * static_cast<float>(isum);
+      }
+    }
+  }
+  for (int r = 0; r < n_x; ++r) out[r] = acc[r];
+}
+
+}  // namespace
+
+void q8_0_scalar(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                 float* out) {
+  dot_scalar<kQ8_0Bytes, unpack_q8_0>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+void q5_0_scalar(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                 float* out) {
+  dot_scalar<kQ5_0Bytes, unpack_q5_0>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+void q4_0_scalar(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                 float* out) {
+  dot_scalar<kQ4_0Bytes, unpack_q4_0>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+void q4_1_scalar(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                 float* out) {
+  dot_scalar<kQ4_1Bytes, unpack_q4_1, true>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+#if defined(__x86_64__)
+
+#define LEVER_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define LEVER_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// AVX2: one block per iteration, 8 int32 / fp32 lanes per row.
+
+LEVER_AVX2 inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The 32 nibbles of qs[16] as bytes: low nibbles (elements 0..15), then high.
+LEVER_AVX2 inline __m256i nibbles256(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+struct Q8_0Avx2 {
+  static constexpr size_t kBytes = kQ8_0Bytes;
+  static constexpr bool kMin = false;
+  LEVER_AVX2 static __m256i unpack(const uint8_t* blk) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  }
+};
+
+struct Q5_0Avx2 {
+  static constexpr size_t kBytes = kQ5_0Bytes;
+  static constexpr bool kMin = false;
+  LEVER_AVX2 static __m256i unpack(const uint8_t* blk) {
+    const __m256i q = nibbles256(blk + 6);
+    // Byte j gets byte j / 8 of qh, then tests its bit j % 8: 0xFF where the 5th bit is set.
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 2))), sel);
+    h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+    // 5th bit clear: q - 16, which as int8 is q | 0xF0; set: q.
+    return _mm256_or_si256(q, _mm256_andnot_si256(h, _mm256_set1_epi8(static_cast<char>(0xF0))));
+  }
+};
+
+struct Q4_0Avx2 {
+  static constexpr size_t kBytes = kQ4_0Bytes;
+  static constexpr bool kMin = false;
+  LEVER_AVX2 static __m256i unpack(const uint8_t* blk) {
+    return _mm256_sub_epi8(nibbles256(blk + 2), _mm256_set1_epi8(8));
+  }
+};
+
+// Unsigned weights q4 (0..15) and an offset m.
+struct Q4_1Avx2 {
+  static constexpr size_t kBytes = kQ4_1Bytes;
+  static constexpr bool kMin = true;
+  LEVER_AVX2 static __m256i unpack(const uint8_t* blk) { return nibbles256(blk + 4); }
+};
+
+// Adds block b of the weight row (at blk) times block b of each activation row to acc.
+template <class T, int NX>
+LEVER_AVX2 inline void step_avx2(const uint8_t* blk, const uint8_t* x, size_t x_stride, size_t b,
+                                 __m256 acc[NX]) {
+  const __m256i wq = T::unpack(blk);
+  const __m256 dw = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+  if constexpr (T::kMin) {
+    // Q4_1: q4 is unsigned already; acc += d_x * (d_w * isum + m * x.sum), the
+    // x.sum term in lane 0 only.
+    const __m256 m = _mm256_set1_ps(_cvtsh_ss(load_u16(blk + 2)));
+#pragma GCC unroll 8
+    for (int r = 0; r < NX; ++r) {
+      const uint8_t* xb = x + r * x_stride + b * kActBytes;
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kActQs));
+      const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xv), _mm256_set1_epi16(1));
+      const float xs = static_cast<float>(load_i32(xb + kActSum));
+      const __m256 xsum = _mm256_zextps128_ps256(_mm_set_ss(xs));
+      const __m256 t = _mm256_fmadd_ps(xsum, m, _mm256_mul_ps(_mm256_cvtepi32_ps(p32), dw));
+      acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(load_f32(xb + kActD)), acc[r]);
+    }
+    return;
+  }
+  // |w'|: the unsigned operand of vpmaddubsw (|-128| = 0x80 = 128).
+  const __m256i wabs = _mm256_sign_epi8(wq, wq);
+#pragma GCC unroll 8
+  for (int r = 0; r < NX; ++r) {
+    const uint8_t* xb = x + r * x_stride + b * kActBytes;
+    // x with the sign of w' (x = -128 never occurs: |x.qs| <= 127), times |w'|:
+    // int16 pair sums (|.| <= 2 * 128 * 127, no saturation), then int32 quad sums.
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kActQs));
+    const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wq));
+    const __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    // acc += (d_w * d_x) * isum lanes.
+    const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(load_f32(xb + kActD)));
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[r]);
+  }
+}
+
+template <class T, int NX>
+LEVER_AVX2 void dot_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, size_t n_blocks,
+                         float* out) {
+  __m256 acc[NX];
+#pragma GCC unroll 8
+  for (int r = 0; r < NX; ++r) acc[r] = _mm256_setzero_ps();
+  // One accumulator per row, blocks in order: a row's result is the same
+  // whatever NX is (a token scores alike alone or inside a tree).
+  size_t b = 0;
+  for (; b < n_blocks; ++b) step_avx2<T, NX>(w + b * T::kBytes, x, x_stride, b, acc);
+#pragma GCC unroll 8
+  for (int r = 0; r < NX; ++r) out[r] = hsum256(acc[r]);
+}
+
+template <class T>
+LEVER_AVX2 void dispatch_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                              size_t n_blocks, float* out) {
+  static_assert(kMaxDotRows == 8, "one case per row count below");
+  switch (n_x) {
+    case 1: return dot_avx2<T, 1>(w, x, x_stride, n_blocks, out);
+    case 2: return dot_avx2<T, 2>(w, x, x_stride, n_blocks, out);
+    case 3: return dot_avx2<T, 3>(w, x, x_stride, n_blocks, out);
+    case 4: return dot_avx2<T, 4>(w, x, x_stride, n_blocks, out);
+    case 5: return dot_avx2<T, 5>(w, x, x_stride, n_blocks, out);
+    case 6: return dot_avx2<T, 6>(w, x, x_stride, n_blocks, out);
+    case 7: return dot_avx2<T, 7>(w, x, x_stride, n_blocks, out);
+    case 8: return dot_avx2<T, 8>(w, x, x_stride, n_blocks, out);
+    default: break;
+  }
+  // More than kMaxDotRows rows (not expected): 8 now, the rest recursively.
+  if (n_x > 8) {
+    dot_avx2<T, 8>(w, x, x_stride, n_blocks, out);
+    dispatch_avx2<T>(w, x + 8 * x_stride, x_stride, n_x - 8, n_blocks, out + 8);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// AVX-512: two blocks b, b + 1 per 512-bit register (bytes 0..31 and 32..63,
+// int32 / fp32 lanes 0..7 and 8..15); a last odd block uses the low half only.
+
+LEVER_AVX512 inline __m256i load256(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// The 32 nibbles of each of two qs[16] fields at p0 and p1 as bytes, per
+// block low nibbles (elements 0..15) then high. p1 = nullptr: one block, upper half zero.
+LEVER_AVX512 inline __m512i nibbles512(const uint8_t* p0, const uint8_t* p1) {
+  const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0));
+  // 128-bit lanes [q0, q0, q1, q1] (or [q0, q0, 0, 0]).
+  __m512i q = p1 ? _mm512_mask_broadcast_i32x4(
+                       _mm512_broadcast_i32x4(q0), 0xFF00,
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1)))
+                 : _mm512_maskz_broadcast_i32x4(0x00FF, q0);
+  // High nibbles down in lanes 1 and 3 (16-bit shift; the mask drops the bits
+  // shifted in from the neighbouring byte).
+  q = _mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4);
+  return _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
+}
+
+struct Q8_0Avx512 {
+  static constexpr size_t kBytes = kQ8_0Bytes;
+  static constexpr bool kMin = false;
+  LEVER_AVX512 static __m512i unpack(const uint8_t* blk, bool pair) {
+    // qs of block 0 at blk + 2 (bytes 0..31), of block 1 at blk + 36 (bytes 32..63).
+    const __m512i q = _mm512_zextsi256_si512(load256(blk + 2));
+    return pair ? _mm512_mask_broadcast_i64x4(q, 0xF0, load256(blk + kBytes + 2)) : q;
+  }
+};
+
+struct Q5_0Avx512 {
+  static constexpr size_t kBytes = kQ5_0Bytes;
+  static constexpr bool kMin = false;
+  LEVER_AVX512 static __m512i unpack(const uint8_t* blk, bool pair) {
+    const __m512i q = nibbles512(blk + 6, pair ? blk + kBytes + 6 : nullptr);
+    // qh of the two blocks as one 64-bit mask, bit i for byte i.
+    uint64_t qh = load_u32(blk + 2);
+    if (pair) qh |= static_cast<uint64_t>(load_u32(blk + kBytes + 2)) << 32;
+    const uint64_t clear = pair ? ~qh : (~qh & 0xFFFFFFFFu);
+    // 5th bit clear: q - 16; set: q (= q5 - 16 with the bit's 16 added).
+    return _mm512_mask_sub_epi8(q, _cvtu64_mask64(clear), q, _mm512_set1_epi8(16));
+  }
+};
+
+struct Q4_0Avx512 {
+  static constexpr size_t kBytes = kQ4_0Bytes;
+  static constexpr bool kMin = false;
+  LEVER_AVX512 static __m512i unpack(const uint8_t* blk, bool pair) {
+    const __m512i q = nibbles512(blk + 2, pair ? blk + kBytes + 2 : nullptr);
+    // q4 - 8 in the bytes of the block(s) present.
+    const __m512i eight = _mm512_set1_epi8(8);
+    return pair ? _mm512_sub_epi8(q, eight) : _mm512_maskz_sub_epi8(0xFFFFFFFFull, q, eight);
+  }
+};
+
+// Unsigned weights q4 (0..15) and an offset m.
+struct Q4_1Avx512 {
+  static constexpr size_t kBytes = kQ4_1Bytes;
+  static constexpr bool kMin = true;
+  LEVER_AVX512 static __m512i unpack(const uint8_t* blk, bool pair) {
+    return nibbles512(blk + 4, pair ? blk + kBytes + 4 : nullptr);
+  }
+};
+
+// The fp16 values at p0 and p1 (or p0 only) as fp32, in lanes 0..7 and 8..15.
+template <bool kPair>
+LEVER_AVX512 inline __m512 pair_halves(const uint8_t* p0, const uint8_t* p1) {
+  if (!kPair) return _mm512_set1_ps(half_to_float(load_u16(p0)));
+  __m256i h = _mm256_set1_epi16(static_cast<short>(load_u16(p0)));
+  h = _mm256_mask_set1_epi16(h, 0xFF00, static_cast<short>(load_u16(p1)));
+  return _mm512_cvtph_ps(h);
+}
+
+template <class T, int NX, bool kPair>
+LEVER_AVX512 inline void step_avx512(const uint8_t* blk, const uint8_t* x, size_t x_stride,
+                                     size_t b, __m512 acc[NX]) {
+  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i zero = _mm512_setzero_si512();
+  // Weights w' (signed, or unsigned for Q4_1).
+  const __m512i wq = T::unpack(blk, kPair);
+  // d_w of block b in lanes 0..7, of block b + 1 in lanes 8..15.
+  const __m512 dw = pair_halves<kPair>(blk, blk + T::kBytes);
+  // Q8_0 / Q5_0 / Q4_0: -128 * (sums of w' over each 4 bytes), the start of
+  // the int32 accumulation, which cancels the +128 added to the activations.
+  // Q4_1: the offsets m, as dw.
+  __m512i base = zero;
+  __m512 m = _mm512_setzero_ps();
+  if constexpr (T::kMin) {
+    m = pair_halves<kPair>(blk + 2, blk + T::kBytes + 2);
+  } else {
+    base = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k128, wq));
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < NX; ++r) {
+    const uint8_t* xb = x + r * x_stride + b * kActBytes;
+    // x.qs of block b in bytes 0..31, of block b + 1 in bytes 32..63 (two
+    // 32-byte loads: a 64-byte load would cross a cache line more often).
+    __m512i xv = _mm512_zextsi256_si512(load256(xb + kActQs));
+    if (kPair) xv = _mm512_mask_broadcast_i64x4(xv, 0xF0, load256(xb + kActBytes + kActQs));
+    // d_x of block b in lanes 0..7, of block b + 1 in lanes 8..15.
+    __m512 dx = _mm512_set1_ps(load_f32(xb + kActD));
+    if (kPair) {
+      dx = _mm512_mask_broadcastss_ps(dx, 0xFF00, _mm_set_ss(load_f32(xb + kActBytes + kActD)));
+    }
+    if constexpr (T::kMin) {
+      // isum lanes: sum q4 * x; x.sum of each block in its first lane (0, 8).
+      const __m512i isum = _mm512_dpbusd_epi32(zero, wq, xv);
+      __m512i xsum = _mm512_maskz_set1_epi32(0x0001, load_i32(xb + kActSum));
+      if (kPair) xsum = _mm512_mask_set1_epi32(xsum, 0x0100, load_i32(xb + kActBytes + kActSum));
+      // acc += d_x * (d_w * isum + m * x.sum).
+      const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(xsum), m,
+                                       _mm512_mul_ps(_mm512_cvtepi32_ps(isum), dw));
+      acc[r] = _mm512_fmadd_ps(t, dx, acc[r]);
+    } else {
+      // Exact isum lanes: sum (x + 128) * w' - 128 * sum w', x + 128 = x xor 0x80.
+      const __m512i isum = _mm512_dpbusd_epi32(base, _mm512_xor_si512(xv, k128), wq);
+      // acc += (d_w * d_x) * isum.
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), acc[r]);
+    }
+  }
+}
+
+template <class T, int NX>
+LEVER_AVX512 void dot_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, size_t n_blocks,
+                             float* out) {
+  __m512 acc[NX];
+#pragma GCC unroll 8
+  for (int r = 0; r < NX; ++r) acc[r] = _mm512_setzero_ps();
+  size_t b = 0;
+  for (; b + 2 <= n_blocks; b += 2) {
+    step_avx512<T, NX, true>(w + b * T::kBytes, x, x_stride, b, acc);
+  }
+  if (b < n_blocks) step_avx512<T, NX, false>(w + b * T::kBytes, x, x_stride, b, acc);
+#pragma GCC unroll 8
+  for (int r = 0; r < NX; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <class T>
+LEVER_AVX512 void dispatch_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                                  size_t n_blocks, float* out) {
+  static_assert(kMaxDotRows == 8, "one case per row count below");
+  switch (n_x) {
+    case 1: return dot_avx512<T, 1>(w, x, x_stride, n_blocks, out);
+    case 2: return dot_avx512<T, 2>(w, x, x_stride, n_blocks, out);
+    case 3: return dot_avx512<T, 3>(w, x, x_stride, n_blocks, out);
+    case 4: return dot_avx512<T, 4>(w, x, x_stride, n_blocks, out);
+    case 5: return dot_avx512<T, 5>(w, x, x_stride, n_blocks, out);
+    case 6: return dot_avx512<T, 6>(w, x, x_stride, n_blocks, out);
+    case 7: return dot_avx512<T, 7>(w, x, x_stride, n_blocks, out);
+    case 8: return dot_avx512<T, 8>(w, x, x_stride, n_blocks, out);
+    default: break;
+  }
+  // More than kMaxDotRows rows (not expected): 8 now, the rest recursively.
+  if (n_x > 8) {
+    dot_avx512<T, 8>(w, x, x_stride, n_blocks, out);
+    dispatch_avx512<T>(w, x + 8 * x_stride, x_stride, n_x - 8, n_blocks, out + 8);
+  }
+}
+
+}  // namespace
+
+LEVER_AVX2 void q8_0_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                          size_t n_blocks, float* out) {
+  dispatch_avx2<Q8_0Avx2>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+LEVER_AVX2 void q5_0_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                          size_t n_blocks, float* out) {
+  dispatch_avx2<Q5_0Avx2>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+LEVER_AVX2 void q4_0_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                          size_t n_blocks, float* out) {
+  dispatch_avx2<Q4_0Avx2>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+LEVER_AVX2 void q4_1_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                          size_t n_blocks, float* out) {
+  dispatch_avx2<Q4_1Avx2>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+LEVER_AVX512 void q8_0_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                              size_t n_blocks, float* out) {
+  dispatch_avx512<Q8_0Avx512>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+LEVER_AVX512 void q5_0_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                              size_t n_blocks, float* out) {
+  dispatch_avx512<Q5_0Avx512>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+LEVER_AVX512 void q4_0_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                              size_t n_blocks, float* out) {
+  dispatch_avx512<Q4_0Avx512>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+LEVER_AVX512 void q4_1_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                              size_t n_blocks, float* out) {
+  dispatch_avx512<Q4_1Avx512>(w, x, x_stride, n_x, n_blocks, out);
+}
+
+#undef LEVER_AVX2
+#undef LEVER_AVX512
+
+#endif  // __x86_64__
+
+}  // namespace qdot
+}  // namespace lever

@@ -1,0 +1,210 @@
+// Quantised matrix multiplication driver (see qmatmul.h).
+//
+// 1. Quantise every activation row to 8-bit blocks (ActQ8K or ActQ8_32).
+// 2. Split the weight rows over the thread pool. Each thread walks its rows
+//    in groups small enough to stay in cache, and for each tile of up to
+//    kMaxDotRows activation rows calls the dot kernel once per weight row.
+
+#include "kernels/qmatmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/parallel.h"
+#include "kernels/dequant.h"
+
+namespace lever {
+namespace {
+
+// -- activation quantisation --------------------------------------------------
+
+// Round-to-nearest of v in [-127, 127] (ties away from zero).
+inline int8_t round_q(float v) { return static_cast<int8_t>(std::lround(v)); }
+
+// Scale d = max|x| / 127 of n values and its inverse (0 for an all-zero block).
+inline void block_scale(const float* x, int n, float* d, float* inv_d) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  *d = amax / 127.0f;
+  *inv_d = amax > 0.0f ? 127.0f / amax : 0.0f;
+}
+
+void quantize_q8k(const float* x, size_t K, ActQ8K* out) {
+  for (size_t b = 0; b < K / 256; ++b, x += 256) {
+    ActQ8K& blk = out[b];
+    float inv_d;
+    block_scale(x, 256, &blk.d, &inv_d);
+    for (int i = 0; i < 256; ++i) blk.qs[i] = round_q(x[i] * inv_d);
+    for (int j = 0; j < 16; ++j) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += blk.qs[16 * j + i];
+      blk.bsums[j] = static_cast<int16_t>(s);
+    }
+  }
+}
+
+void quantize_q8_32(const float* x, size_t K, ActQ8_32* out) {
+  for (size_t b = 0; b < K / 32; ++b, x += 32) {
+    ActQ8_32& blk = out[b];
+    float inv_d;
+    block_scale(x, 32, &blk.d, &inv_d);
+    int s = 0;
+    for (int i = 0; i < 32; ++i) {
+      blk.qs[i] = round_q(x[i] * inv_d);
+      s += blk.qs[i];
+    }
+    blk.sum = s;
+  }
+}
+
+inline float bf16_to_f32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Quantised activation rows: a 64-byte aligned buffer of at least n bytes,
+// reused between calls of one thread.
+uint8_t* act_scratch(size_t n) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < n + 64) buf.resize(n + 64);
+  const auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - addr % 64) % 64);
+}
+
+// -- default Isa ------------------------------------------------------------------
+
+Isa isa_from_name(const std::string& name) {
+  for (Isa isa : {Isa::kAuto, Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (name == isa_name(isa)) return isa;
+  }
+  throw std::invalid_argument("unknown kernel instruction set '" + name +
+                              "' (use auto, scalar, avx2 or avx512)");
+}
+
+std::atomic<int>& chosen_isa() {  // kAuto until set_default_isa picks one
+  static std::atomic<int> isa{static_cast<int>(Isa::kAuto)};
+  return isa;
+}
+
+Isa isa_from_environment() {
+  static const Isa isa = [] {
+    const char* env = std::getenv("LEVER_KERNEL_ISA");
+    if (env == nullptr || *env == '\0') return Isa::kAuto;
+    const Isa wanted = isa_from_name(env);
+    if (!isa_available(wanted)) {
+      throw std::invalid_argument(std::string("LEVER_KERNEL_ISA=") + env +
+                                  ": this CPU cannot run that instruction set");
+    }
+    return wanted;
+  }();
+  return isa;
+}
+
+}  // namespace
+
+size_t act_row_bytes(int type, size_t K) {
+  return uses_q8k_activations(type) ? K / 256 * sizeof(ActQ8K) : K / 32 * sizeof(ActQ8_32);
+}
+
+void quantize_activation_row(const float* x, size_t K, int type, uint8_t* dst) {
+  if (uses_q8k_activations(type)) {
+    quantize_q8k(x, K, reinterpret_cast<ActQ8K*>(dst));
+  } else {
+    quantize_q8_32(x, K, reinterpret_cast<ActQ8_32*>(dst));
+  }
+}
+
+Isa default_isa() {
+  const Isa chosen = static_cast<Isa>(chosen_isa().load());
+  if (chosen != Isa::kAuto) return chosen;
+  const Isa env = isa_from_environment();
+  return env != Isa::kAuto ? env : best_isa();
+}
+
+void set_default_isa(Isa isa) {
+  if (!isa_available(isa)) {
+    throw std::invalid_argument(std::string("instruction set ") + isa_name(isa) +
+                                " is not available on this CPU");
+  }
+  chosen_isa().store(static_cast<int>(isa));
+}
+
+void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride,
+                  const uint8_t* w, int type, size_t N, void* y, ElemType y_type,
+                  size_t y_stride, Isa isa) {
+  if (!has_dot_kernel(type)) {
+    throw std::invalid_argument(std::string("no quantised matmul kernel for type ") +
+                                type_name(type));
+  }
+  const size_t bs = block_size(type);
+  if (K == 0 || K % bs != 0) {
+    throw std::invalid_argument("K = " + std::to_string(K) + " is not a positive multiple of " +
+                                std::to_string(bs) + " (the block size of " + type_name(type) + ")");
+  }
+  if (x_stride < K || y_stride < N) throw std::invalid_argument("row stride smaller than the row");
+  if (isa == Isa::kAuto) isa = default_isa();
+  const DotRowsFn dot = dot_rows_kernel(type, isa);
+  if (dot == nullptr) {
+    throw std::invalid_argument(std::string("instruction set ") + isa_name(isa) +
+                                " is not available on this CPU");
+  }
+  if (M == 0 || N == 0) return;
+
+  // 1. Quantise the activation rows.
+  const size_t n_blocks = K / bs;
+  const size_t w_row_bytes = n_blocks * type_size(type);
+  const size_t a_row_bytes = act_row_bytes(type, K);
+  uint8_t* const xq = act_scratch(M * a_row_bytes);
+  parallel_for(M, 4, [&](size_t begin, size_t end) {
+    std::vector<float> row(K);
+    for (size_t m = begin; m < end; ++m) {
+      const float* src;
+      if (x_type == ElemType::kF32) {
+        src = static_cast<const float*>(x) + m * x_stride;
+      } else {
+        const uint16_t* xb = static_cast<const uint16_t*>(x) + m * x_stride;
+        for (size_t k = 0; k < K; ++k) row[k] = bf16_to_f32(xb[k]);
+        src = row.data();
+      }
+      quantize_activation_row(src, K, type, xq + m * a_row_bytes);
+    }
+  });
+
+  // 2. Dot products. Weight rows are taken in groups of about 128 KiB so a
+  // group stays in cache while every activation tile passes over it.
+  const size_t group = std::max<size_t>(1, (128u << 10) / w_row_bytes);
+  // Chunks of at least ~32 KiB of weights per activation tile, so that waking
+  // the pool pays off.
+  const size_t tiles = (M + kMaxDotRows - 1) / kMaxDotRows;
+  const size_t grain = std::max<size_t>(1, (32u << 10) / (w_row_bytes * tiles));
+  parallel_for(N, grain, [&](size_t begin, size_t end) {
+    float out[kMaxDotRows];
+    for (size_t g0 = begin; g0 < end; g0 += group) {
+      const size_t g1 = std::min(end, g0 + group);
+      for (size_t m0 = 0; m0 < M; m0 += kMaxDotRows) {
+        const int n_x = static_cast<int>(std::min<size_t>(kMaxDotRows, M - m0));
+        for (size_t n = g0; n < g1; ++n) {
+          dot(w + n * w_row_bytes, xq + m0 * a_row_bytes, a_row_bytes, n_x, n_blocks, out);
+          for (int r = 0; r < n_x; ++r) {
+            const size_t at = (m0 + static_cast<size_t>(r)) * y_stride + n;
+            if (y_type == ElemType::kF32) {
+              static_cast<float*>(y)[at] = out[r];
+            } else {
+              static_cast<uint16_t*>(y)[at] = fp32_to_bf16(out[r]);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace lever

@@ -1,0 +1,39 @@
+"""Masked attention by the native core: each query row computed on its own.
+
+`attend` replaces torch's scaled_dot_product_attention in the decoder.  A
+row's output depends only on its query and the keys/values its mask lets it
+see (visited in order, masked ones skipped), never on how many other rows are
+in the pass.  With the row-independent quantised matmuls this makes a
+verification pass over a token tree give each token exactly the logits it
+would get if the target decoded it alone, which is what lets speculative
+decoding reproduce the target's greedy output token for token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import _native
+
+
+def _view(t: torch.Tensor) -> np.ndarray:
+    """numpy view (no copy) of a float32 / bf16 tensor; bf16 as uint16 bits."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    if t.dtype == torch.float32:
+        return t.numpy()
+    raise TypeError(f"attention takes float32 or bfloat16 tensors, not {t.dtype}")
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d), masked) v for q [heads, T, d], k/v [kv_heads, L, d]
+    (kv_heads divides heads) and a bool mask [T, L]; returns [T, heads * d] in q's dtype."""
+    heads, t, d = q.shape
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty(t, heads * d, dtype=q.dtype)
+    _native.attention(_view(q), _view(k), _view(v), mask.contiguous().numpy(), 1.0 / math.sqrt(d), _view(out))
+    return out
