@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <utility>
 
@@ -26,15 +27,33 @@ struct InsideJob {
 }  // namespace
 
 // One parallel_for call: the range, the chunk size and the next unclaimed item.
+// Shared (shared_ptr) between the caller and the workers, so a worker that
+// wakes up late may still look at it after the caller has returned.
 struct ThreadPool::Job {
-  const RangeFn* fn = nullptr;
+  const RangeFn* fn = nullptr;  // valid until the caller returns; only called on a claimed chunk
   size_t n_items = 0;
   size_t chunk = 1;  // items per fn call
   std::atomic<size_t> next{0};  // first item not yet claimed by a thread
+  std::atomic<int> in_flight{0};  // threads between "about to claim" and "chunk done"
 
   std::mutex error_mutex;
   std::exception_ptr error;  // first exception thrown by fn
 };
+
+namespace {
+// How long an idle worker keeps polling for the next job before it sleeps:
+// decoding issues a job every few tens of microseconds, and waking a
+// sleeping thread costs about as much.
+constexpr auto kSpinTime = std::chrono::microseconds(50);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
   workers_.reserve(static_cast<size_t>(num_threads_ - 1));
@@ -47,17 +66,24 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
+    generation_.fetch_add(1);
   }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
 // Claims chunks of the job until none are left; used by the caller and workers.
+// in_flight is raised before each claim and lowered after the chunk, so once
+// `next` has passed the end, in_flight == 0 means no thread is inside fn.
 void ThreadPool::run_chunks(Job& job) {
   InsideJob inside;
   for (;;) {
+    job.in_flight.fetch_add(1);
     const size_t begin = job.next.fetch_add(job.chunk);
-    if (begin >= job.n_items) return;
+    if (begin >= job.n_items) {
+      job.in_flight.fetch_sub(1);
+      return;
+    }
     const size_t end = std::min(job.n_items, begin + job.chunk);
     try {
       (*job.fn)(begin, end);
@@ -65,27 +91,29 @@ void ThreadPool::run_chunks(Job& job) {
       std::lock_guard<std::mutex> lock(job.error_mutex);
       if (!job.error) job.error = std::current_exception();
       job.next.store(job.n_items);  // nobody starts another chunk
-      return;
     }
+    job.in_flight.fetch_sub(1);
   }
 }
 
 void ThreadPool::worker_loop() {
-  uint64_t seen_generation = 0;
+  uint64_t seen = 0;
   for (;;) {
-    Job* job = nullptr;
+    // Poll for a while, then sleep until the next job is announced.
+    const auto spin_until = std::chrono::steady_clock::now() + kSpinTime;
+    while (generation_.load(std::memory_order_acquire) == seen &&
+           std::chrono::steady_clock::now() < spin_until) {
+      for (int i = 0; i < 32; ++i) cpu_relax();
+    }
+    std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen_generation; });
+      work_cv_.wait(lock, [&] { return stop_ || generation_.load() != seen; });
       if (stop_) return;
-      seen_generation = generation_;
+      seen = generation_.load();
       job = job_;
     }
-    run_chunks(*job);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_workers_ == 0) done_cv_.notify_one();
-    }
+    if (job) run_chunks(*job);
   }
 }
 
@@ -104,27 +132,28 @@ void ThreadPool::parallel_for(size_t n_items, size_t grain, const RangeFn& fn) {
   const size_t threads = static_cast<size_t>(num_threads_);
   const size_t even_share = (n_items + 4 * threads - 1) / (4 * threads);
 
-  Job job;
-  job.fn = &fn;
-  job.n_items = n_items;
-  job.chunk = std::max(grain, even_share);
+  auto job = std::make_shared<Job>();
+  job->fn = &fn;
+  job->n_items = n_items;
+  job->chunk = std::max(grain, even_share);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &job;
-    pending_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
+    job_ = job;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   work_cv_.notify_all();
 
-  run_chunks(job);
-
+  run_chunks(*job);
+  // Every chunk is claimed. Wait only for threads still running one; a worker
+  // that has not woken up yet (its core busy with other work) is not waited
+  // for: it will find nothing left to claim.
+  while (job->in_flight.load() != 0) std::this_thread::yield();
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_cv_.wait(lock, [&] { return pending_workers_ == 0; });
-    job_ = nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (job_ == job) job_.reset();
   }
   busy_.store(false, std::memory_order_release);
-  if (job.error) std::rethrow_exception(job.error);
+  if (job->error) std::rethrow_exception(job->error);
 }
 
 int default_num_threads() {

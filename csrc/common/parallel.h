@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -26,7 +27,10 @@ using RangeFn = std::function<void(size_t begin, size_t end)>;
 // A pool of N threads starts N - 1 workers: the thread that calls
 // parallel_for always takes part in the job. Jobs are cut into chunks that
 // threads take from a shared counter, so a thread that is slowed down (the
-// machine is shared, a core is busy) simply takes fewer chunks.
+// machine is shared, a core is busy) simply takes fewer chunks, and the
+// caller never waits for a worker that has not started one. Idle workers
+// poll for about 50 microseconds before they sleep, so back-to-back jobs (one
+// per matrix while decoding) do not pay a thread wake-up each.
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads);
@@ -56,12 +60,10 @@ class ThreadPool {
 
   std::atomic<bool> busy_{false};  // a job is running (set by its caller)
 
-  std::mutex mutex_;  // guards the fields below
-  std::condition_variable work_cv_;  // workers wait here for a new job
-  std::condition_variable done_cv_;  // the caller waits here for the workers
-  Job* job_ = nullptr;
-  uint64_t generation_ = 0;  // incremented for every job
-  int pending_workers_ = 0;  // workers that have not finished the current job
+  std::mutex mutex_;  // guards job_ and stop_; generation_ changes under it
+  std::condition_variable work_cv_;  // workers sleep here until a new job
+  std::shared_ptr<Job> job_;  // the current job (workers take a reference)
+  std::atomic<uint64_t> generation_{0};  // incremented for every job (and at stop)
   bool stop_ = false;
 };
 

@@ -23,6 +23,7 @@ from .config import ModelConfig
 from .attention import attend
 from .kv_cache import KVCache
 from .linear import Embedding, Linear, linear
+from .threads import torch_threads
 
 
 class RMSNorm(nn.Module):
@@ -103,6 +104,7 @@ class Decoder(nn.Module):
         self.config = cfg
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.compute_dtype = torch.float32   # set by the loader; the dtype of activations
+        self.torch_threads: int | None = None  # torch threads during forward (threads.py); None: torch's
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
@@ -136,6 +138,10 @@ class Decoder(nn.Module):
         rows whose logits are wanted (default: all).  Returns float32 logits
         [len(logits_rows) or T, vocab].
         """
+        with torch_threads(self.torch_threads):
+            return self._forward(tokens, positions, mask, cache, logits_rows)
+
+    def _forward(self, tokens, positions, mask, cache, logits_rows):
         t = tokens.shape[0]
         if mask.shape != (t, cache.length + t):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({t}, {cache.length + t})")

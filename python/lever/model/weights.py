@@ -39,6 +39,8 @@ def build_decoder(cfg: ModelConfig, named_tensors: Iterable[tuple[str, torch.Ten
         else:
             _assign(model, name, tensor.to(dtype))
         seen.add(name)
+    if any(isinstance(m.qweight, QuantTensor) for m in model.modules() if hasattr(m, "qweight")):
+        model.torch_threads = 1     # native kernels do the matrix work (see threads.py)
     missing = sorted(set(expected) - seen)
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""

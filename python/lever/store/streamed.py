@@ -38,6 +38,7 @@ from ..errors import StoreError
 from ..model.decoder import Decoder, DecoderLayer, RMSNorm, rope_cos_sin
 from ..model.kv_cache import KVCache
 from ..model.linear import Linear, QuantTensor, has_kernel, linear
+from ..model.threads import torch_threads
 from ..model.weights import build_decoder
 from .flash_reader import FlashReader, aligned_empty
 from .manifest import WEIGHTS, Extent, StoreManifest
@@ -109,6 +110,9 @@ class StreamedDecoder:
         self.config = self.manifest.config
         self.dtype = dtype
         self.quantized = quantized      # multiply quantised blocks natively (else dequantise)
+        matrices = [t for e in self.manifest.layers for t in e.tensors if len(t.shape) == 2]
+        # torch threads during forward: one when native kernels do all the matrix work (threads.py)
+        self.torch_threads = 1 if quantized and all(has_kernel(t.qtype) for t in matrices) else None
         dtype_bytes = torch.empty(0, dtype=dtype).element_size()
         self.plan: ResidencyPlan = plan_residency(self.manifest, dram_budget, dtype_bytes, kv_tokens,
                                                   prefetch_depth)
@@ -232,6 +236,10 @@ class StreamedDecoder:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Same contract as `Decoder.forward`: float32 logits of the (selected) new tokens."""
+        with torch_threads(self.torch_threads):
+            return self._forward(tokens, positions, mask, cache, logits_rows)
+
+    def _forward(self, tokens, positions, mask, cache, logits_rows):
         t = tokens.shape[0]
         if mask.shape != (t, cache.length + t):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({t}, {cache.length + t})")
