@@ -206,7 +206,7 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
         manifest, budget = None, None
         target_name = args.target or DEFAULT_MODEL
         loaded: LoadedModel = load(target_name, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
-                      quantized=args.kernels == "native")
+                                   quantized=args.kernels == "native")
         ids = [loaded.prompt_ids(p["text"]) for p in prompts]
     target = loaded.model
     streamed = hasattr(target, "reset_stats")
@@ -219,8 +219,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
         from ..store.streamed import load_store_model
         resident = load_store_model(store, parse_dtype(args.dtype), backend=args.reader,
                                     quantized=args.kernels == "native")
-    drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
-                                   quantized=args.kernels == "native") if needs_draft else None
+    drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
+                            quantized=args.kernels == "native") if needs_draft else None)
     stop_ids = loaded.tokenizer.eos_token_ids
 
     # -- warm up (allocations, the read ring, the drafter), then start cold
@@ -235,12 +235,17 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
         target.reset_stats()
 
     reader_info = target.report()["reader"] if streamed else None
+    from .generate import kernel_info
+    kernels = kernel_info(args.kernels, target, drafter)
     header = (f"# lever bench: target={target_name}"
               + (f" ({manifest.storage}, {manifest.weights_bytes / 1e6:,.0f} MB; budget {budget / 1e6:,.0f} MB, "
                  f"{target.plan.pinned_layers}/{manifest.config.n_layers} layers pinned, "
                  f"{target.plan.streamed_bytes_per_pass / 1e6:,.1f} MB streamed per pass; "
                  f"reader {reader_info['backend']} direct={reader_info['direct']})" if streamed else " (in memory)")
-              + f" draft={args.draft if needs_draft else '-'} dtype={args.dtype}")
+              + f" draft={args.draft if needs_draft else '-'} dtype={args.dtype}"
+              + f" kernels={kernels['mode']} ({kernels['isa']}"
+              + (f"; draft weights {kernels['draft_resident_weight_bytes'] / 2**20:,.0f} MiB in DRAM"
+                 if "draft_resident_weight_bytes" in kernels else "") + ")")
     cats = {c: sum(p["category"] == c for p in prompts) for c in dict.fromkeys(p["category"] for p in prompts)}
     print(header, flush=True)
     print(f"# prompts: {len(prompts)} of set {args.prompt_set} ("
@@ -332,6 +337,7 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
                    "new_tokens": new_tokens, "temperature": args.temperature, "seed": args.seed,
                    "dtype": args.dtype, "reader": args.reader, "prefetch_depth": args.prefetch_depth,
                    "drop_caches": args.drop_caches, "page_cache": page_cache, "quick": args.quick,
+                   "kernels": kernels,
                    "chat_template": True},
         "machine": machine_info(),
         "target": ({"store": str(store), "storage": manifest.storage, "weights_bytes": manifest.weights_bytes,
