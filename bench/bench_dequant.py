@@ -20,32 +20,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize as numpy_dequantize
 
 import lever._native as native
 from lever import quant
+from machine import random_blocks
 
 SHAPE = (8960, 1536)
 N_ELEMENTS = SHAPE[0] * SHAPE[1]
 TYPES = [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_1]
 VARIANTS = ["numpy", "native-f32", "native-f32-1t", "native-bf16", "quant-f32", "quant-bf16"]
 
-# Byte offsets of the fp16 scale fields within a block.
-_SCALE_FIELDS = {T.Q4_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,), T.Q5_0: (0,), T.Q4_1: (0, 2)}
 
 _results: dict[tuple[str, str], float] = {}  # (type, variant) -> median seconds
-
-
-def _random_tensor(qtype) -> np.ndarray:
-    rng = np.random.default_rng(int(qtype))
-    bs, ts = GGML_QUANT_SIZES[qtype]
-    n_blocks = N_ELEMENTS // bs
-    raw = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint8)
-    for off in _SCALE_FIELDS[qtype]:  # small positive fp16 scales
-        scales = (rng.random(n_blocks, dtype=np.float32) * 0.01).astype(np.float16)
-        raw[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
-    return raw.reshape(SHAPE[0], -1)
 
 
 class _Summary:
@@ -79,7 +67,7 @@ def _summary(request):
 
 @pytest.fixture(scope="module", params=TYPES, ids=lambda t: t.name)
 def tensor(request):
-    return request.param, _random_tensor(request.param)
+    return request.param, random_blocks(request.param, *SHAPE)
 
 
 def _record(benchmark, qtype, variant):

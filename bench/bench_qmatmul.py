@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import platform
-import resource
 import time
 from pathlib import Path
 
@@ -39,9 +37,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.constants import GGMLQuantizationType as T
 
 import lever._native as native
+from machine import OtherLoad, dram_read_bytes_per_s, random_blocks
 
 if not hasattr(native, "quant_matmul"):
     pytest.skip("lever._native has no quant_matmul (rebuild the package)", allow_module_level=True)
@@ -57,45 +56,17 @@ RING_BYTES = 256 << 20  # bytes of weight copies cycled through (defeats the cac
 OUT_DIR = Path(__file__).resolve().parent / "results"
 
 # Byte offsets of the fp16 scale fields within a block.
-_SCALE_FIELDS = {T.Q4_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,), T.Q5_0: (0,), T.Q4_1: (0, 2)}
 
 # (type or "bf16", isa or "torch", M) -> (median s, weight bytes)
 _results: dict[tuple[str, str, int], tuple[float, int]] = {}
-
-
-class OtherLoad:
-    """Share of the machine's CPU time used by other processes since creation (0..1):
-    busy time from /proc/stat minus this process's own CPU time.  Other load on
-    these 2 cores skews every timing here (torch's OpenMP regions suffer most)."""
-
-    def __init__(self):
-        self.start = self._sample()
-
-    @staticmethod
-    def _sample():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return time.perf_counter(), (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"), r.ru_utime + r.ru_stime
-
-    def share(self) -> float:
-        (w0, b0, m0), (w1, b1, m1) = self.start, self._sample()
-        return max(0.0, (b1 - b0) - (m1 - m0)) / max(w1 - w0, 1e-9) / (os.cpu_count() or 1)
 
 
 _other = OtherLoad()
 
 
 def _random_tensor(qtype) -> np.ndarray:
-    """[N, K] matrix of random blocks (uint8, [N, row bytes]) with small positive fp16 scales."""
-    rng = np.random.default_rng(int(qtype))
-    bs, ts = GGML_QUANT_SIZES[qtype]
-    n_blocks = N * K // bs
-    raw = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint8)
-    for off in _SCALE_FIELDS[qtype]:
-        scales = (rng.random(n_blocks, dtype=np.float32) * 0.01).astype(np.float16)
-        raw[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
-    return raw.reshape(N, -1)
+    return random_blocks(qtype, N, K)
+
 
 
 def _ring(w):
@@ -120,17 +91,6 @@ def _activations(m: int) -> torch.Tensor:
     return torch.randn(m, K, generator=g).to(torch.bfloat16)
 
 
-def dram_read_bandwidth_gb_s() -> float:
-    """Measured DRAM read bandwidth: best of 5 sums over a 1 GiB tensor (GB/s, 1e9 bytes)."""
-    x = torch.ones(256 * 1024 * 1024, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best / 1e9
-
-
 def _gflop_s(m: int, t: float) -> float:
     return 2 * m * N * K / t / 1e9
 
@@ -142,7 +102,7 @@ class _Summary:
         if not _results:
             return
         tr = terminalreporter
-        bw = dram_read_bandwidth_gb_s()
+        bw = dram_read_bytes_per_s() / 1e9
         tr.section(f"quantised matmul throughput ({N} x {K} weights, bf16 activations)")
         other = _other.share()
         tr.write_line(f"threads: {native.get_num_threads()} (native pool), {torch.get_num_threads()} (torch); "

@@ -27,19 +27,9 @@ import torch
 
 from lever.generate import generate_tokens
 from lever.model.hf_export import hf_from_ours
+from machine import dram_read_bytes_per_s
 
 PROMPT = "Write a Python function that checks whether a number is prime."
-
-
-def dram_read_bandwidth_gib_s() -> float:
-    """Measured DRAM read bandwidth: best of 5 sums over a 1 GiB tensor (GiB/s)."""
-    x = torch.ones(256 * 1024 * 1024, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best / 2**30
 
 
 def time_ours(model, ids, n) -> float:
@@ -80,7 +70,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     import transformers
 
-    bw = dram_read_bandwidth_gib_s()
+    bw = dram_read_bytes_per_s() / 2**30
     print(f"# decode_speed: dtype={args.dtype} threads={args.threads} new_tokens={args.new_tokens} "
           f"repeats={args.repeats} torch={torch.__version__} transformers={transformers.__version__} "
           f"dram_read_bw={bw:.1f} GiB/s", flush=True)

@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -55,6 +53,7 @@ from lever.model.decoder import causal_mask
 from lever.model.gguf_file import GGUFFile
 from lever.model.linear import resident_bytes
 from lever.model.registry import resolve_model
+from machine import OtherLoad, dram_read_bytes_per_s
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 ENGINES = ["native", "native-torch1", "torch", "llama.cpp"]
@@ -64,37 +63,6 @@ FLASH_EXTENT = 32 * MiB
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-class OtherLoad:
-    """Share of the machine's CPU time used by other processes since creation (0..1):
-    busy time from /proc/stat minus this process's own CPU time.  Other load on
-    these 2 cores skews every timing here (torch's OpenMP regions suffer most)."""
-
-    def __init__(self):
-        self.start = self._sample()
-
-    @staticmethod
-    def _sample():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return time.perf_counter(), (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"), r.ru_utime + r.ru_stime
-
-    def share(self) -> float:
-        (w0, b0, m0), (w1, b1, m1) = self.start, self._sample()
-        return max(0.0, (b1 - b0) - (m1 - m0)) / max(w1 - w0, 1e-9) / (os.cpu_count() or 1)
-
-
-def dram_read_bandwidth_gib_s() -> float:
-    """Measured DRAM read bandwidth: best of 5 sums over a 1 GiB tensor (GiB/s)."""
-    x = torch.ones(256 * 1024 * 1024, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best / 2**30
 
 
 def flash_bandwidth_gib_s(path: Path, passes: int = 3) -> dict:
@@ -224,7 +192,7 @@ def main() -> int:
         llama_cpp, llama_version, llama_error = None, None, f"{type(exc).__name__}: {exc}"
 
     other = OtherLoad()
-    bw = dram_read_bandwidth_gib_s()
+    bw = dram_read_bytes_per_s() / GiB
     flash = None
     if args.tree_model in args.models:
         tree_path = resolve_model(args.tree_model, cache_dir=cache_dir)

@@ -13,19 +13,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from .. import _native
-
-
-def _view(t: torch.Tensor) -> np.ndarray:
-    """numpy view (no copy) of a float32 / bf16 tensor; bf16 as uint16 bits."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    if t.dtype == torch.float32:
-        return t.numpy()
-    raise TypeError(f"attention takes float32 or bfloat16 tensors, not {t.dtype}")
+from .linear import numpy_view
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -35,5 +26,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(t, heads * d, dtype=q.dtype)
-    _native.attention(_view(q), _view(k), _view(v), mask.contiguous().numpy(), 1.0 / math.sqrt(d), _view(out))
+    _native.attention(numpy_view(q), numpy_view(k), numpy_view(v), mask.contiguous().numpy(),
+                      1.0 / math.sqrt(d), numpy_view(out))
     return out

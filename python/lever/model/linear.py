@@ -70,19 +70,20 @@ class QuantTensor:
         """Rows `ids` dequantised: [len(ids), cols] in `dtype`."""
         rows = self.raw.reshape(self.shape[0], self.row_bytes)
         out = torch.empty(len(ids), self.shape[1], dtype=dtype)
-        dst = _numpy_view(out)
+        dst = numpy_view(out)
         for i, tok in enumerate(ids.tolist()):
             _native.dequantize(rows[tok], self.qtype, dst[i])
         return out
 
 
-def _numpy_view(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a contiguous fp32 / bf16 tensor (bf16 as uint16 bits)."""
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A numpy view (no copy, same strides) of an fp32 / bf16 tensor (bf16 as uint16 bits),
+    the form in which activations cross into the native kernels."""
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)
     if t.dtype == torch.float32:
         return t.numpy()
-    raise TypeError(f"quantised matmul takes float32 or bfloat16 activations, not {t.dtype}")
+    raise TypeError(f"native kernels take float32 or bfloat16 tensors, not {t.dtype}")
 
 
 def quant_matmul(x: torch.Tensor, w: QuantTensor, isa: str = "auto") -> torch.Tensor:
@@ -94,7 +95,7 @@ def quant_matmul(x: torch.Tensor, w: QuantTensor, isa: str = "auto") -> torch.Te
     x2 = x.reshape(-1, cols).contiguous()
     out = torch.empty(x2.shape[0], rows, dtype=x.dtype)
     if x2.shape[0]:
-        _native.quant_matmul(_numpy_view(x2), w.raw, w.qtype, _numpy_view(out), isa)
+        _native.quant_matmul(numpy_view(x2), w.raw, w.qtype, numpy_view(out), isa)
     return out.view(*lead, rows)
 
 
@@ -107,30 +108,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantTensor,
     return F.linear(x, weight, bias)
 
 
-class Linear(nn.Linear):
-    """`nn.Linear` whose weight may instead be a `QuantTensor` (attribute `qweight`)."""
+class _MaybeQuantized:
+    """Mixin: the module's `weight` parameter may be replaced by a `QuantTensor`."""
 
     qweight: QuantTensor | None = None
 
     def set_quantized(self, w: QuantTensor | None) -> None:
-        """Use `w` as the weight (None: go back to the dense parameter)."""
+        """Use `w` as the weight and drop the dense parameter (None: keep it)."""
         self.qweight = w
         if w is not None:
             self.weight = None
+
+
+class Linear(_MaybeQuantized, nn.Linear):
+    """`nn.Linear` whose weight may instead be a `QuantTensor` (attribute `qweight`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.qweight if self.qweight is not None else self.weight, self.bias)
 
 
-class Embedding(nn.Embedding):
+class Embedding(_MaybeQuantized, nn.Embedding):
     """`nn.Embedding` whose table may instead be a `QuantTensor` (rows dequantised on lookup)."""
-
-    qweight: QuantTensor | None = None
-
-    def set_quantized(self, w: QuantTensor | None) -> None:
-        self.qweight = w
-        if w is not None:
-            self.weight = None
 
     def table(self) -> torch.Tensor | QuantTensor:
         """The [vocab, hidden] table, dense or quantised (the head uses it when tied)."""
