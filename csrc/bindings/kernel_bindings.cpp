@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/buffers.h"
 #include "kernels/attention.h"
 #include "kernels/dequant.h"
 #include "kernels/qmatmul.h"
@@ -19,6 +20,8 @@ namespace {
 
 using lever::ElemType;
 using lever::Isa;
+using lever_bindings::base_format;
+using lever_bindings::float_or_bf16;
 
 Isa parse_isa(const std::string& name) {
   for (Isa isa : {Isa::kAuto, Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
@@ -27,26 +30,11 @@ Isa parse_isa(const std::string& name) {
   throw py::value_error("unknown instruction set '" + name + "' (auto, scalar, avx2, avx512)");
 }
 
-std::string base_format(const py::buffer_info& info) {
-  std::string f = info.format;
-  if (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@')) f.erase(0, 1);
-  return f;
-}
-
 // Element type of a 2-D activation / output array: float32, or uint16 holding
 // bf16 bits. Rows may be strided; values within a row must be contiguous.
 ElemType matrix_type(const py::buffer_info& info, const char* what) {
   if (info.ndim != 2) throw py::value_error(std::string(what) + " must be 2-D");
-  const std::string f = base_format(info);
-  ElemType t;
-  if (info.itemsize == 4 && f == "f") {
-    t = ElemType::kF32;
-  } else if (info.itemsize == 2 && f == "H") {
-    t = ElemType::kBF16;
-  } else {
-    throw py::value_error(std::string(what) +
-                          " must be float32 or uint16 (bf16 bits), got format '" + info.format + "'");
-  }
+  const ElemType t = float_or_bf16(info, what);
   if (info.shape[1] > 1 && info.strides[1] != info.itemsize) {
     throw py::value_error(std::string(what) + " rows must be contiguous");
   }
@@ -104,15 +92,7 @@ void quant_matmul(const py::buffer& x, const py::buffer& w, int qtype, const py:
 // Element strides of a 3-D float32 / bf16 array whose last dimension is contiguous.
 ElemType tensor3_type(const py::buffer_info& info, const char* what, size_t* s0, size_t* s1) {
   if (info.ndim != 3) throw py::value_error(std::string(what) + " must be 3-D");
-  const std::string f = base_format(info);
-  ElemType t;
-  if (info.itemsize == 4 && f == "f") {
-    t = ElemType::kF32;
-  } else if (info.itemsize == 2 && f == "H") {
-    t = ElemType::kBF16;
-  } else {
-    throw py::value_error(std::string(what) + " must be float32 or uint16 (bf16 bits)");
-  }
+  const ElemType t = float_or_bf16(info, what);
   if (info.shape[2] > 1 && info.strides[2] != info.itemsize) {
     throw py::value_error(std::string(what) + ": the last dimension must be contiguous");
   }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/buffers.h"
 #include "common/parallel.h"
 #include "io/checksum.h"
 #include "io/flash_reader.h"
@@ -26,12 +27,7 @@ void bind_kernels(py::module_& m);  // csrc/bindings/kernel_bindings.cpp
 
 namespace {
 
-// Format character of a buffer, without a byte-order prefix ('<', '=', '@').
-std::string base_format(const py::buffer_info& info) {
-  std::string f = info.format;
-  if (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@')) f.erase(0, 1);
-  return f;
-}
+using lever_bindings::base_format;
 
 // Raises ValueError unless the buffer is C-contiguous.
 void require_c_contiguous(const py::buffer_info& info, const char* what) {
