@@ -145,6 +145,23 @@ def test_streamed_equals_in_memory(which, dtype, quantized, request):
     assert pinned_counts[2] == m.config.n_layers
 
 
+@pytest.mark.parametrize("quantized", [True, False])
+def test_quantized_matrices_are_used_from_the_read_buffers(qwen_store, quantized):
+    """With the native kernels no matrix of a `source` store is dequantised: only
+    norms and biases pass through the workspace."""
+    m = StoreManifest.load(qwen_store)
+    model = StreamedDecoder(qwen_store, minimum_budget(qwen_store, dtype_bytes=4), torch.float32,
+                            quantized=quantized)
+    run_passes(model, [1, 2, 3], steps=1)
+    per_pass = model.report()["dequantized_bytes_per_pass"]
+    vectors = sum(4 * t.shape[0] for e in m.layers for t in e.tensors if len(t.shape) == 1)
+    model.close()
+    if quantized:
+        assert per_pass == vectors
+    else:
+        assert per_pass > 2 * m.weights_bytes
+
+
 def test_pread_backend_equals_io_uring(qwen_store):
     ids = [10, 20, 30, 40]
     budget = minimum_budget(qwen_store)

@@ -59,6 +59,7 @@ class StreamStats:
     tokens: int = 0                   # rows run through the model
     stall_s: float = 0.0              # compute waiting on flash reads
     dequant_s: float = 0.0
+    dequantized_bytes: int = 0        # written into the workspace (matrices used in place: none)
     compute_s: float = 0.0            # layer + head arithmetic
     embedding_bytes: int = 0          # embedding rows read on demand
 
@@ -82,6 +83,7 @@ class _Workspace:
         type the native kernels multiply (as `QuantTensor`); the rest dequantised
         into the workspace.  Returns (tensors, whether any view of `raw` was handed out)."""
         out, pos, in_place = {}, 0, False
+        self.written = 0                # bytes dequantised by this call
         for t in extent.tensors:
             n = int(np.prod(t.shape))
             src = raw[t.offset:t.offset + t.nbytes]
@@ -96,6 +98,7 @@ class _Workspace:
             _native.dequantize(src, t.qtype, self._np[pos:pos + n])
             out[t.name] = self.buf[pos:pos + n].view(t.shape)
             pos += n
+            self.written += n * self.buf.element_size()
         return out, in_place
 
 
@@ -180,6 +183,7 @@ class StreamedDecoder:
         weights, in_place = self._ws.dequantize(raw, e, in_place_qtype=self._in_place_qtype,
                                                 quantized=self.quantized)
         self.stats.dequant_s += time.perf_counter() - t0
+        self.stats.dequantized_bytes += self._ws.written
         if slot is not None and not in_place:
             self._release(slot)
             slot = None
@@ -285,6 +289,7 @@ class StreamedDecoder:
             "achieved_gib_s": r["bytes_read"] / r["busy_s"] / 2**30 if r["busy_s"] else None,
             "stall_s": s.stall_s,
             "dequant_s": s.dequant_s,
+            "dequantized_bytes_per_pass": s.dequantized_bytes / passes,
             "compute_s": s.compute_s,
             "checksum_s": r.get("checksum_s"),
             "residency": self.plan.summary(),
