@@ -105,6 +105,43 @@ def test_every_isa_agrees_and_rows_are_independent(name, isa):
     np.testing.assert_allclose(full, scalar, rtol=1e-4, atol=1e-4 * np.abs(scalar).max())
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", list(TYPES))
+def test_results_are_bitwise_independent_of_batch_and_tiling(name, isa):
+    """Every (weight row, activation row) result is bit-identical whatever M is,
+    where the activation row sits in the batch, and where the weight row sits
+    among the weight rows (from 32 rows up the AVX-512 kernels tile both: up to
+    4 weight rows x 16 activation rows, with remainders; fewer rows go one weight
+    row at a time), so that exact speculative decoding can
+    compare a token decoded alone with the same token verified inside a tree."""
+    qtype = TYPES[name]
+    rng = np.random.default_rng(100 + qtype)
+    bs = quant.block_size(qtype)
+    rows, cols = 67, 3 * bs if bs == 256 else 9 * bs    # 67 = 16 * 4 + 3: a partial weight tile
+    row_bytes = cols // bs * quant.type_size(qtype)
+    raw = random_blocks(qtype, rows, cols, rng)
+    x = rng.standard_normal((256, cols)).astype(np.float32)
+    full = np.empty((256, rows), np.float32)
+    _native.quant_matmul(x, raw, qtype, full, isa)
+    for m, start in ((1, 0), (1, 37), (7, 0), (7, 101), (64, 0), (64, 29), (40, 200), (17, 239)):
+        part = np.empty((m, rows), np.float32)
+        _native.quant_matmul(np.ascontiguousarray(x[start:start + m]), raw, qtype, part, isa)
+        np.testing.assert_array_equal(part, full[start:start + m], err_msg=f"M={m} from row {start}")
+    # Weight rows shifted by 1..5 against the weight tiles (and fewer of them).
+    for skip in (1, 2, 3, 5):
+        n = rows - skip - 2
+        part = np.empty((64, n), np.float32)
+        _native.quant_matmul(x[:64], raw[skip * row_bytes:(skip + n) * row_bytes], qtype, part, isa)
+        np.testing.assert_array_equal(part, full[:64, skip:skip + n], err_msg=f"weight rows from {skip}")
+    # One weight row at a time, for a few activation rows and for many.
+    for r in (0, 30, 66):
+        for first, m in ((5, 9), (3, 40)):
+            one = np.empty((m, 1), np.float32)
+            _native.quant_matmul(x[first:first + m], raw[r * row_bytes:(r + 1) * row_bytes], qtype, one, isa)
+            np.testing.assert_array_equal(one[:, 0], full[first:first + m, r],
+                                          err_msg=f"weight row {r} alone")
+
+
 def test_special_activations():
     """All-zero rows give zeros; a single spike is carried exactly."""
     rng = np.random.default_rng(3)

@@ -54,6 +54,7 @@ struct KernelSet {
   int type;
   bool q8k_activations;
   DotRowsFn scalar, avx2, avx512;
+  DotTileFn avx512_tile;  // nullptr: none
 };
 
 #if defined(__x86_64__)
@@ -63,12 +64,18 @@ struct KernelSet {
 #endif
 
 const KernelSet kKernels[] = {
-    {kTypeQ4_K, true, qdot::q4_k_scalar, LEVER_X86(q4_k_avx2), LEVER_X86(q4_k_avx512)},
-    {kTypeQ6_K, true, qdot::q6_k_scalar, LEVER_X86(q6_k_avx2), LEVER_X86(q6_k_avx512)},
-    {kTypeQ8_0, false, qdot::q8_0_scalar, LEVER_X86(q8_0_avx2), LEVER_X86(q8_0_avx512)},
-    {kTypeQ5_0, false, qdot::q5_0_scalar, LEVER_X86(q5_0_avx2), LEVER_X86(q5_0_avx512)},
-    {kTypeQ4_0, false, qdot::q4_0_scalar, LEVER_X86(q4_0_avx2), LEVER_X86(q4_0_avx512)},
-    {kTypeQ4_1, false, qdot::q4_1_scalar, LEVER_X86(q4_1_avx2), LEVER_X86(q4_1_avx512)},
+    {kTypeQ4_K, true, qdot::q4_k_scalar, LEVER_X86(q4_k_avx2), LEVER_X86(q4_k_avx512),
+     LEVER_X86(q4_k_avx512_tile)},
+    {kTypeQ6_K, true, qdot::q6_k_scalar, LEVER_X86(q6_k_avx2), LEVER_X86(q6_k_avx512),
+     LEVER_X86(q6_k_avx512_tile)},
+    {kTypeQ8_0, false, qdot::q8_0_scalar, LEVER_X86(q8_0_avx2), LEVER_X86(q8_0_avx512),
+     LEVER_X86(q8_0_avx512_tile)},
+    {kTypeQ5_0, false, qdot::q5_0_scalar, LEVER_X86(q5_0_avx2), LEVER_X86(q5_0_avx512),
+     LEVER_X86(q5_0_avx512_tile)},
+    {kTypeQ4_0, false, qdot::q4_0_scalar, LEVER_X86(q4_0_avx2), LEVER_X86(q4_0_avx512),
+     LEVER_X86(q4_0_avx512_tile)},
+    {kTypeQ4_1, false, qdot::q4_1_scalar, LEVER_X86(q4_1_avx2), LEVER_X86(q4_1_avx512),
+     LEVER_X86(q4_1_avx512_tile)},
 };
 
 const KernelSet* find_kernels(int type) {
@@ -99,6 +106,14 @@ DotRowsFn dot_rows_kernel(int type, Isa isa) {
     case Isa::kAuto: break;
   }
   return nullptr;
+}
+
+DotTileFn dot_tile_kernel(int type, Isa isa) {
+  const KernelSet* k = find_kernels(type);
+  if (k == nullptr) return nullptr;
+  if (isa == Isa::kAuto) isa = best_isa();
+  if (!isa_available(isa)) return nullptr;
+  return isa == Isa::kAvx512 ? k->avx512_tile : nullptr;
 }
 
 }  // namespace lever

@@ -54,6 +54,23 @@ constexpr int kMaxDotRows = 8;
 using DotRowsFn = void (*)(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
                            size_t n_blocks, float* out);
 
+// The most weight rows / activation rows one tile call handles.
+constexpr int kMaxTileW = 4;
+constexpr int kMaxTileX = 16;
+
+// Register-tiled kernels: out[r * out_stride + c] = dot(weight row c,
+// activation row r) for c < n_w (1 <= n_w <= kMaxTileW) and r < n_x
+// (1 <= n_x <= kMaxTileX).
+//   w: weight row 0; row c starts at w + c * w_stride.
+//   x: activation row 0; row r starts at x + r * x_stride.
+// Each block of the n_w weight rows is unpacked once and each activation
+// block loaded once for all of them. The result for a (weight row,
+// activation row) pair is bit-identical to what the DotRowsFn of the same
+// type and Isa gives, whatever n_w, n_x and the pair's place in the tile.
+using DotTileFn = void (*)(const uint8_t* w, size_t w_stride, int n_w, const uint8_t* x,
+                           size_t x_stride, int n_x, size_t n_blocks, float* out,
+                           size_t out_stride);
+
 // Instruction sets a kernel can be built for. kAuto picks the best the
 // running CPU supports.
 enum class Isa : int { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
@@ -78,6 +95,10 @@ bool uses_q8k_activations(int type);
 // if the type has no kernel or the Isa is not available.
 DotRowsFn dot_rows_kernel(int type, Isa isa);
 
+// The tile kernel for weight `type` built for `isa` (kAuto = best_isa());
+// nullptr if there is none (then use dot_rows_kernel).
+DotTileFn dot_tile_kernel(int type, Isa isa);
+
 // Per-type kernels, one set per Isa (defined in qdot_kquants.cpp and
 // qdot_blocks32.cpp: Q8_0, Q5_0, Q4_0, Q4_1). The AVX2 / AVX-512 variants exist on x86-64 builds only.
 namespace qdot {
@@ -100,6 +121,18 @@ void q8_0_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
 void q5_0_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
 void q4_0_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
 void q4_1_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
+void q4_k_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
+                      size_t);
+void q6_k_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
+                      size_t);
+void q8_0_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
+                      size_t);
+void q5_0_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
+                      size_t);
+void q4_0_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
+                      size_t);
+void q4_1_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
+                      size_t);
 #endif
 }  // namespace qdot
 

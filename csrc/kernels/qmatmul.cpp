@@ -2,8 +2,12 @@
 //
 // 1. Quantise every activation row to 8-bit blocks (ActQ8K or ActQ8_32).
 // 2. Split the weight rows over the thread pool. Each thread walks its rows
-//    in groups small enough to stay in cache, and for each tile of up to
-//    kMaxDotRows activation rows calls the dot kernel once per weight row.
+//    in groups small enough to stay in cache. Where the type and Isa have a
+//    tile kernel and M >= kTileMinRows, it is called for tiles of up to
+//    kMaxTileW weight rows x kMaxTileX activation rows; otherwise, for each
+//    tile of up to kMaxDotRows activation rows, the dot kernel is called once
+//    per weight row. Either way a (weight row, activation row) result is
+//    bit-identical whatever M, N and the tiling are (see qdot.h).
 
 #include "kernels/qmatmul.h"
 
@@ -21,6 +25,9 @@
 
 namespace lever {
 namespace {
+
+// Batches of at least this many activation rows use the tile kernels.
+constexpr size_t kTileMinRows = 32;
 
 // -- activation quantisation --------------------------------------------------
 
@@ -185,22 +192,40 @@ void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_s
   // the pool pays off.
   const size_t tiles = (M + kMaxDotRows - 1) / kMaxDotRows;
   const size_t grain = std::max<size_t>(1, (32u << 10) / (w_row_bytes * tiles));
+  // The tile kernels only pay off from a few dozen activation rows up (for
+  // fewer, streaming the weights row by row measured faster, in particular
+  // from DRAM at M = 1); the results are the same either way.
+  const DotTileFn tile = M >= kTileMinRows ? dot_tile_kernel(type, isa) : nullptr;
+  auto store = [&](size_t m, size_t n, float v) {
+    const size_t at = m * y_stride + n;
+    if (y_type == ElemType::kF32) {
+      static_cast<float*>(y)[at] = v;
+    } else {
+      static_cast<uint16_t*>(y)[at] = fp32_to_bf16(v);
+    }
+  };
   parallel_for(N, grain, [&](size_t begin, size_t end) {
-    float out[kMaxDotRows];
+    float out[kMaxTileX * kMaxTileW];
+    const size_t tile_x = tile != nullptr ? kMaxTileX : kMaxDotRows;
     for (size_t g0 = begin; g0 < end; g0 += group) {
       const size_t g1 = std::min(end, g0 + group);
-      for (size_t m0 = 0; m0 < M; m0 += kMaxDotRows) {
-        const int n_x = static_cast<int>(std::min<size_t>(kMaxDotRows, M - m0));
-        for (size_t n = g0; n < g1; ++n) {
-          dot(w + n * w_row_bytes, xq + m0 * a_row_bytes, a_row_bytes, n_x, n_blocks, out);
-          for (int r = 0; r < n_x; ++r) {
-            const size_t at = (m0 + static_cast<size_t>(r)) * y_stride + n;
-            if (y_type == ElemType::kF32) {
-              static_cast<float*>(y)[at] = out[r];
-            } else {
-              static_cast<uint16_t*>(y)[at] = fp32_to_bf16(out[r]);
+      for (size_t m0 = 0; m0 < M; m0 += tile_x) {
+        const int n_x = static_cast<int>(std::min<size_t>(tile_x, M - m0));
+        if (tile != nullptr) {
+          // Tiles of up to kMaxTileW weight rows x kMaxTileX activation rows.
+          for (size_t n = g0; n < g1; n += kMaxTileW) {
+            const int n_w = static_cast<int>(std::min<size_t>(kMaxTileW, g1 - n));
+            tile(w + n * w_row_bytes, w_row_bytes, n_w, xq + m0 * a_row_bytes, a_row_bytes, n_x,
+                 n_blocks, out, kMaxTileW);
+            for (int r = 0; r < n_x; ++r) {
+              for (int c = 0; c < n_w; ++c) store(m0 + r, n + c, out[r * kMaxTileW + c]);
             }
           }
+          continue;
+        }
+        for (size_t n = g0; n < g1; ++n) {
+          dot(w + n * w_row_bytes, xq + m0 * a_row_bytes, a_row_bytes, n_x, n_blocks, out);
+          for (int r = 0; r < n_x; ++r) store(m0 + r, n, out[r]);
         }
       }
     }

@@ -5,10 +5,12 @@
 // it is never dequantised into memory. x is [M, K] activations in fp32 or
 // bf16 (M = 1 for decoding, up to a few hundred for tree verification); each
 // row is first quantised to 8 bits per value (see qdot.h), then every weight
-// block is unpacked once in registers and used for up to kMaxDotRows
-// activation rows. The result row y[m] depends only on x[m] and W, never on
-// the other rows or on M, so a token gets bit-identical outputs whether it is
-// decoded alone or verified inside a tree.
+// block is unpacked once in registers and used for several activation rows
+// (up to kMaxDotRows, or a kMaxTileW x kMaxTileX tile of weight and activation
+// rows where a tile kernel exists and M is large). The result row y[m]
+// depends only on x[m] and W, never on the other rows, on M or on the tiling,
+// so a token gets bit-identical outputs whether it is decoded alone or
+// verified inside a tree.
 //
 // Work is split over weight rows on the process-wide thread pool
 // (common/parallel.h).
