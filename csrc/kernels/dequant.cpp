@@ -22,6 +22,7 @@
 #include <string>
 
 #include "common/parallel.h"
+#include "kernels/block_bytes.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "dequant.cpp assumes a little-endian CPU (GGUF data is little-endian)"
@@ -44,45 +45,17 @@
 namespace lever {
 namespace {
 
+using block_bytes::float_bits;
+using block_bytes::bits_float;
+using block_bytes::load_u16;
+using block_bytes::load_u32;
+using block_bytes::half_to_float;
+
 // ---------------------------------------------------------------------------
 // Scalar helpers (inlined into every kernel version).
 
-inline uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-inline float bits_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// fp16 (1 sign, 5 exponent, 10 mantissa bits) -> fp32, exact for every input.
-// For the per-block scales: scalar, with branches.
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t em = h & 0x7FFFu;  // exponent and mantissa
-  if (em >= 0x7C00u) return bits_float(sign | (em << 13) | 0x7F800000u);  // inf / NaN, payload kept
-  if (em >= 0x0400u) return bits_float(sign | ((em << 13) + (112u << 23)));  // normal: bias 15 -> 127
-  return bits_float(sign | float_bits(static_cast<float>(em) * 0x1p-24f));  // subnormal or 0
-}
-
-// The same conversion without branches (all cases computed, one selected with
-// bit masks), so that loops over many fp16 values vectorise.
+// half_to_float without branches (all cases computed, one selected with bit
+// masks), so that loops over many fp16 values vectorise.
 inline float half_to_float_branchless(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t em = h & 0x7FFFu;

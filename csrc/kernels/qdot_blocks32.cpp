@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/block_bytes.h"
 #include "kernels/qdot.h"
 #include "kernels/qdot_tile.h"
 
@@ -54,6 +55,12 @@ namespace lever {
 namespace qdot {
 namespace {
 
+using block_bytes::load_u16;
+using block_bytes::load_u32;
+using block_bytes::load_i32;
+using block_bytes::load_f32;
+using block_bytes::half_to_float;
+
 // Bytes per weight block.
 constexpr size_t kQ8_0Bytes = 34;
 constexpr size_t kQ5_0Bytes = 22;
@@ -67,49 +74,6 @@ constexpr size_t kActSum = offsetof(ActQ8_32, sum);
 constexpr size_t kActQs = offsetof(ActQ8_32, qs);
 static_assert(kActBytes == 40 && kActD == 0 && kActSum == 4 && kActQs == 8,
               "unexpected ActQ8_32 layout");
-
-inline uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline int32_t load_i32(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline float load_f32(const uint8_t* p) {
-  float v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// fp16 -> fp32, exact for every input (as in dequant.cpp).
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t em = h & 0x7FFFu;  // exponent and mantissa
-  uint32_t bits;
-  if (em >= 0x7C00u) {
-    bits = sign | (em << 13) | 0x7F800000u;  // inf / NaN
-  } else if (em >= 0x0400u) {
-    bits = sign | ((em << 13) + (112u << 23));  // normal: rebias 15 -> 127
-  } else {
-    const float sub = static_cast<float>(em) * 0x1p-24f;  // subnormal or 0
-    std::memcpy(&bits, &sub, sizeof bits);
-    bits |= sign;
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
 
 // ---------------------------------------------------------------------------
 // Scalar: unpack a block to int8 w', then integer dot products per row.

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/block_bytes.h"
 #include "kernels/qdot.h"
 #include "kernels/qdot_tile.h"
 
@@ -59,49 +60,17 @@ namespace lever {
 namespace qdot {
 namespace {
 
+using block_bytes::load_u16;
+using block_bytes::load_u32;
+using block_bytes::load_f32;
+using block_bytes::half_to_float;
+
 constexpr size_t kQ4KBytes = 144;      // bytes per Q4_K block
 constexpr size_t kQ6KBytes = 210;      // bytes per Q6_K block
 constexpr size_t kActBytes = sizeof(ActQ8K);  // bytes per activation block
 constexpr size_t kActD = offsetof(ActQ8K, d);
 constexpr size_t kActQs = offsetof(ActQ8K, qs);
 constexpr size_t kActBsums = offsetof(ActQ8K, bsums);
-
-inline uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline float load_f32(const uint8_t* p) {
-  float v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// fp16 -> fp32 (exact; used by the scalar kernels once per block).
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t em = h & 0x7FFFu;  // exponent and mantissa
-  uint32_t bits;
-  if (em >= 0x7C00u) {
-    bits = sign | (em << 13) | 0x7F800000u;  // inf / NaN
-  } else if (em >= 0x0400u) {
-    bits = sign | ((em << 13) + (112u << 23));  // normal: rebias 15 -> 127
-  } else {
-    const float f = static_cast<float>(em) * 0x1p-24f;  // subnormal or zero
-    std::memcpy(&bits, &f, sizeof bits);
-    bits |= sign;
-  }
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
 
 // The 12-byte scale field of Q4_K, unpacked: byte j of `scales` / `mins` is
 // the 6-bit scale / min of sub-block j (the same bits as ggml's
