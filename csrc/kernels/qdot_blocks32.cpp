@@ -36,20 +36,8 @@
 #include "kernels/block_bytes.h"
 #include "kernels/qdot.h"
 #include "kernels/qdot_tile.h"
+#include "kernels/x86_simd.h"
 
-#if defined(__x86_64__)
-// GCC 12 reports its own AVX-512 intrinsics (the _mm512_undefined_* they use)
-// as possibly uninitialised under -Wall (GCC bug 105593); silence that there only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif
 
 namespace lever {
 namespace qdot {

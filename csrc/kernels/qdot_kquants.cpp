@@ -40,20 +40,10 @@
 #include "kernels/block_bytes.h"
 #include "kernels/qdot.h"
 #include "kernels/qdot_tile.h"
+#include "kernels/x86_simd.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "qdot_kquants.cpp assumes a little-endian CPU (GGUF data is little-endian)"
-#endif
-
-#if defined(__x86_64__)
-// GCC 12 reports false "may be used uninitialized" warnings from inside
-// several AVX-512 intrinsics (_mm512_undefined_*; GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
 #endif
 
 namespace lever {
