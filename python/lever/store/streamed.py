@@ -5,7 +5,8 @@
 verification use it unchanged.  A pass walks the extents in order: decoder
 layers, then the head parts.  Pinned extents come from DRAM; streamed ones
 arrive through a ring of read buffers that the `FlashReader` keeps filled:
-as soon as an extent has been dequantised into the workspace its buffer is
+as soon as an extent's buffer is no longer needed (its tensors copied into
+the workspace, or, when they are used in place, its layer computed) it is
 resubmitted for the next streamed extent in cyclic order, so layers
 l+1..l+k (and, near the end of a pass, the first layers of the next pass) are
 in flight while layer l computes.
@@ -73,6 +74,7 @@ class _Workspace:
     def __init__(self, n_elements: int, dtype: torch.dtype):
         self.buf = torch.empty(n_elements, dtype=dtype)
         self.dtype = dtype
+        self.written = 0                # bytes dequantised by the last dequantize()
         self._np = (self.buf.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16
                     else self.buf.numpy())
 
@@ -83,7 +85,7 @@ class _Workspace:
         type the native kernels multiply (as `QuantTensor`); the rest dequantised
         into the workspace.  Returns (tensors, whether any view of `raw` was handed out)."""
         out, pos, in_place = {}, 0, False
-        self.written = 0                # bytes dequantised by this call
+        self.written = 0
         for t in extent.tensors:
             n = int(np.prod(t.shape))
             src = raw[t.offset:t.offset + t.nbytes]
