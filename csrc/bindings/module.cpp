@@ -24,6 +24,7 @@ namespace py = pybind11;
 
 void bind_tree(py::module_& m);     // csrc/bindings/tree_bindings.cpp
 void bind_kernels(py::module_& m);  // csrc/bindings/kernel_bindings.cpp
+void bind_grower(py::module_& m);   // csrc/bindings/grow_bindings.cpp
 
 namespace {
 
@@ -266,6 +267,7 @@ Releases the GIL and runs on the native thread pool.)doc");
   bind_flash_reader(m);
 
   bind_tree(m);
+  bind_grower(m);
 
   bind_kernels(m);
 }

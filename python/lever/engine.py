@@ -6,6 +6,9 @@ root (mode "tree"), a chain (mode "chain") or nothing (mode "ar"), runs the
 target once over [root + draft nodes] with the tree mask, applies the exact
 acceptance rule, compacts the target cache to root + accepted path, tells the
 drafter, and emits the accepted tokens plus the target's own next token.
+Mode "lever" sizes each tree by the gain-cost policy
+(lever.draft.gain_cost.GainCostPolicy, carried in `SpecConfig.policy`), which
+also learns from every verification.
 """
 
 from __future__ import annotations
@@ -22,26 +25,39 @@ from .sampling import SamplingParams, make_generator
 from .tree import TokenTree
 from .verify.rules import verify_chain_leviathan, verify_greedy, verify_sampling_walk
 
-MODES = ("ar", "chain", "tree")
+MODES = ("ar", "chain", "tree", "lever")
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """mode: ar | chain | tree; draft_len: chain length k; tree: the static tree shape."""
+    """mode: ar | chain | tree | lever; draft_len: chain length k; tree: the static
+    tree shape; policy: the GainCostPolicy of mode lever."""
 
     mode: str = "tree"
     draft_len: int = 4
     tree: TreeShape = TreeShape()
+    policy: object = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise LeverError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
         if self.draft_len < 1:
             raise LeverError(f"--draft-len must be >= 1, got {self.draft_len}")
+        if self.mode == "lever" and self.policy is None:
+            raise LeverError("mode lever needs a gain-cost policy (a device profile and a draft model)")
 
     @property
     def max_depth(self) -> int:
+        if self.mode == "lever":
+            return self.policy.max_depth
         return {"ar": 0, "chain": self.draft_len, "tree": self.tree.depth}[self.mode]
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """Draft nodes per tree at most."""
+        if self.mode == "lever":
+            return self.policy.max_nodes
+        return {"ar": 0, "chain": self.draft_len, "tree": self.tree.budget}[self.mode]
 
 
 @dataclass
@@ -57,6 +73,7 @@ class SpecStats:
     accept_s: float = 0.0                 # acceptance rule + cache compaction
     bytes_read: int = 0
     tree_sizes: list[int] = field(default_factory=list)
+    policy: dict | None = None            # mode lever: GainCostPolicy.report()
 
     @property
     def mean_accepted_length(self) -> float:
@@ -75,6 +92,7 @@ class SpecStats:
             "time_split_s": {"draft": round(self.draft_s, 4),
                              "verify_compute": round(self.verify_s - self.stall_s, 4),
                              "io_stall": round(self.stall_s, 4), "accept": round(self.accept_s, 4)},
+            **({"lever": self.policy} if self.policy is not None else {}),
         }
 
 
@@ -99,7 +117,8 @@ def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int],
     if max_new_tokens <= 0:
         return result, stats
     generator = make_generator(params)
-    cache = target.new_cache(capacity=len(prompt_ids) + max_new_tokens + spec.tree.budget + spec.draft_len + 2)
+    first_record = len(spec.policy.record.tree_sizes) if spec.mode == "lever" else 0
+    cache = target.new_cache(capacity=len(prompt_ids) + max_new_tokens + spec.max_tree_nodes + 2)
     t_start = time.perf_counter()
     if len(prompt_ids) > 1:
         prefill(target, prompt_ids[:-1], cache)
@@ -110,8 +129,11 @@ def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int],
     root = prompt_ids[-1]
     while True:
         t0 = time.perf_counter()
-        draft_probs = None
-        if spec.mode == "tree":
+        draft_probs, grown = None, None
+        if spec.mode == "lever":
+            grown = spec.policy.draft(drafter, root)
+            tree = grown.tree
+        elif spec.mode == "tree":
             tree = drafter.draft_tree(root, spec.tree)
         elif spec.mode == "chain":
             tree, draft_probs = drafter.draft_chain(root, spec.draft_len, params, generator)
@@ -147,6 +169,8 @@ def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int],
         stats.stall_s += stall1 - stall0
         stats.bytes_read += bytes1 - bytes0
         stats.accept_s += t3 - t2
+        if grown is not None:
+            spec.policy.observe(grown, accepted, verify_s=t2 - t1, iteration_s=t4 - t0)
         for tok in [tree.token(j) for j in accepted] + [next_token]:
             result.token_ids.append(tok)
             if on_token is not None:
@@ -160,4 +184,6 @@ def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int],
             break
         root = next_token
     result.decode_s = time.perf_counter() - t_decode
+    if spec.mode == "lever":
+        stats.policy = spec.policy.report(since=first_record)
     return result, stats

@@ -1,22 +1,25 @@
 """A draft model resident in DRAM that grows the tree level by level.
 
-Each step is one batched forward of the draft over the nodes added last
-(with the tree's attention mask, appended to the draft's own KV cache); their
-top-k tokens join a pool of candidates, and the best candidates of the pool
-by draft path probability become the next nodes.  Nodes are forwarded in
-index order, so node i lives in draft cache row n_cached + i.
-After verification the cache is compacted to the accepted path (no
-recomputation); only an accepted leaf, never run through the draft, is fed.
+Each step is one batched forward of the draft over some tree nodes (with the
+tree's attention mask, appended to the draft's own KV cache): the static
+policy (`draft_tree`) forwards the nodes added last and keeps the best
+candidates of the pool by draft path probability; the gain-cost policy
+(lever.draft.gain_cost) chooses the nodes itself and calls `expand`.
+Draft KV rows are assigned in forward order (`self._rows`: node -> row after
+the committed rows); a node attends to the committed rows and to the rows of
+its ancestors.  After verification the cache is compacted to the accepted
+path (no recomputation); only an accepted leaf, never run through the
+draft, is fed.
 """
 
 from __future__ import annotations
 
 import heapq
 
+import numpy as np
 import torch
 
 from ..generate import prefill
-from ..model.decoder import causal_mask
 from ..sampling import SamplingParams, processed_probs
 from ..tree import TokenTree
 from .base import TreeShape
@@ -26,7 +29,10 @@ class ModelDrafter:
     def __init__(self, model):
         self.model = model
         self.cache = None
-        self._forwarded = 0          # tree nodes of the last draft that have draft KV rows
+        self._committed = 0          # draft cache rows before the current tree
+        self._rows: dict[int, int] = {}   # drafted-tree node -> its row after the committed rows
+        self._order: list[int] = []       # drafted-tree nodes in row order
+        self._tree_rows: list[int] | None = None   # row of each verified-tree node (-1: none)
 
     @property
     def n_cached(self) -> int:
@@ -36,17 +42,42 @@ class ModelDrafter:
         self.cache = self.model.new_cache(capacity=len(prompt_ids) + 512)
         if len(prompt_ids) > 1:
             prefill(self.model, prompt_ids[:-1], self.cache)
-        self._forwarded = 0
+        self.start_tree()
 
-    def _forward_nodes(self, tree: TokenTree, lo: int, hi: int) -> torch.Tensor:
-        """Run tree nodes [lo, hi) through the draft; returns their logits."""
-        n = self.n_cached - lo                   # committed rows (before any tree row)
-        mask = torch.from_numpy(tree.mask(n)[lo:hi, : n + hi])
-        positions = torch.from_numpy(tree.positions(n)[lo:hi])
-        tokens = torch.from_numpy(tree.tokens()[lo:hi]).long()
-        logits = self.model(tokens, positions, mask, self.cache)
-        self._forwarded = hi
-        return logits
+    # -- forwarding tree nodes ---------------------------------------------------------
+
+    def start_tree(self) -> None:
+        """Forget the rows of the previous tree (they must have been compacted away)."""
+        self._committed = self.cache.length
+        self._rows, self._order, self._tree_rows = {}, [], None
+
+    def _forward(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:
+        """Run `nodes` of `tree` (each one's ancestors already run) through the draft,
+        appending their rows; returns their logits [len(nodes), vocab]."""
+        for i in nodes:
+            self._rows[i] = len(self._order)
+            self._order.append(i)
+        n = self._committed
+        ancestors = tree.mask(0)                           # [size, size]: j is an ancestor of i (or i)
+        mask = np.ones((len(nodes), n + len(self._order)), dtype=bool)
+        mask[:, n:] = ancestors[np.ix_(nodes, self._order)]
+        positions = torch.from_numpy(n + tree.depths()[nodes].astype(np.int64))
+        tokens = torch.from_numpy(tree.tokens()[nodes]).long()
+        return self.model(tokens, positions, torch.from_numpy(mask), self.cache)
+
+    def expand(self, tree: TokenTree, nodes: list[int], topk: int) -> tuple[np.ndarray, np.ndarray]:
+        """One draft forward over `nodes`: their top-`topk` next tokens
+        (int32 [len(nodes), topk]) and draft log-probs (float32, same shape), best first."""
+        logprobs = torch.log_softmax(self._forward(tree, nodes).float(), dim=-1)
+        top_lp, top_tok = torch.topk(logprobs, topk, dim=-1)
+        return top_tok.numpy().astype(np.int32), top_lp.numpy().astype(np.float32)
+
+    def use_tree(self, tree: TokenTree, drafted_index: np.ndarray) -> None:
+        """The tree to verify is a subtree of the drafted one: node i of it is
+        drafted node drafted_index[i] (so `commit` finds the draft rows)."""
+        self._tree_rows = [self._rows.get(int(j), -1) for j in drafted_index]
+
+    # -- static policies ---------------------------------------------------------------
 
     def draft_tree(self, root: int, shape: TreeShape) -> TokenTree:
         """Best-first growth in `shape.depth` draft steps of `shape.width` nodes each.
@@ -55,14 +86,13 @@ class ModelDrafter:
         adds the best remaining candidates by draft path log-probability
         (from any level), then runs them through the draft as one batch.
         """
+        self.start_tree()
         tree = TokenTree(root)
-        self._forwarded = 0
         candidates: list[tuple[float, int, int, float]] = []    # (-path logprob, parent, token, logprob)
         lo = 0
         for _ in range(shape.depth):
             hi = len(tree)
-            logprobs = torch.log_softmax(self._forward_nodes(tree, lo, hi), dim=-1)
-            top_lp, top_tok = torch.topk(logprobs, shape.topk, dim=-1)
+            top_tok, top_lp = self.expand(tree, list(range(lo, hi)), shape.topk)
             for row in range(hi - lo):
                 base = tree.path_logprob(lo + row)
                 for lp, tok in zip(top_lp[row].tolist(), top_tok[row].tolist()):
@@ -78,14 +108,14 @@ class ModelDrafter:
 
     def draft_chain(self, root: int, k: int, params: SamplingParams,
                     generator: torch.Generator) -> tuple[TokenTree, torch.Tensor | None]:
+        self.start_tree()
         tree = TokenTree(root)
-        self._forwarded = 0
         probs = []
         for i in range(k):
-            logits = self._forward_nodes(tree, i, i + 1)[0]
+            logits = self._forward(tree, [i])[0]
             if params.greedy:
                 tok = int(logits.argmax())
-                lp = float(torch.log_softmax(logits, -1)[tok])
+                lp = float(torch.log_softmax(logits.float(), -1)[tok])
             else:
                 q = processed_probs(logits, params)
                 tok = int(torch.multinomial(q, 1, generator=generator))
@@ -94,15 +124,24 @@ class ModelDrafter:
             tree.add(i, tok, lp)
         return tree, (torch.stack(probs) if probs else None)
 
+    # -- after verification -------------------------------------------------------------
+
     def commit(self, tree: TokenTree, accepted: list[int], next_token: int) -> None:
-        n = self.n_cached - self._forwarded
-        have = [j for j in accepted if j < self._forwarded]
-        missing = [j for j in accepted if j >= self._forwarded]
-        if self._forwarded:
-            self.cache.compact(torch.from_numpy(tree.compaction_indices(n, have)))
-        else:                                    # nothing was forwarded: feed the root too
-            missing = [0] + missing
-        for j in missing:                       # a path suffix the draft has not seen
+        """Keep the draft rows of the root and the accepted path; feed the path's
+        nodes that were never run through the draft (at most a suffix)."""
+        rows = self._tree_rows if self._tree_rows is not None else [self._rows.get(i, -1) for i in range(len(tree))]
+        path = [0] + list(accepted)
+        keep = [rows[j] for j in path if rows[j] >= 0]
+        missing = [j for j in path if rows[j] < 0]
+        if missing and path[-len(missing):] != missing:
+            raise RuntimeError("draft rows missing inside the accepted path")
+        n = self._committed
+        if self._order:
+            self.cache.compact(torch.cat([torch.arange(n), n + torch.tensor(keep, dtype=torch.long)]))
+        if missing:                             # a path suffix the draft has not seen
             pos = self.cache.length
-            self.model(torch.tensor([tree.token(j)]), torch.tensor([pos]), causal_mask(1, pos), self.cache)
-        self._forwarded = 0
+            toks = torch.tensor([tree.token(j) for j in missing])
+            m = len(missing)
+            mask = torch.ones(m, pos + m, dtype=torch.bool).tril(diagonal=pos)
+            self.model(toks, torch.arange(pos, pos + m), mask, self.cache)
+        self.start_tree()

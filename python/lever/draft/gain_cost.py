@@ -1,0 +1,232 @@
+"""The gain-cost drafting policy (`--mode lever`, DESIGN.md section 4).
+
+Each iteration the native `TreeGrower` (csrc/tree/grow_tree.h) sizes the
+tree by expected accepted tokens per second: it picks which nodes the draft
+expands next, this module runs the draft forward and hands the children back
+with their calibrated acceptance probabilities, and the grower selects the
+tree that maximises (1 + sum of path probabilities) / (draft + verify +
+overhead seconds), with the verify cost curve and draft cost from the
+device profile (`lever.cost`).
+
+After verification `observe` teaches the calibration the outcome of every
+child of an accepted node, and rescales the cost curves by the running ratio
+of realised to predicted seconds (verify and draft separately), so the
+profile's absolute level drifts with the machine while its shape is kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _native
+from ..errors import LeverError
+from ..tree import TokenTree
+from .calibration import AcceptanceCalibration
+
+CORRECTION_RATE = 0.2          # weight of the newest realised/predicted ratio (in log space)
+
+
+@dataclass
+class LeverDraft:
+    """One grown tree with its predictions (seconds, tokens)."""
+
+    tree: TokenTree
+    q: np.ndarray                  # draft probability of each node given its parent (root: 1)
+    rank: np.ndarray               # rank among its draft siblings (root: 0)
+    expected_tokens: float         # predicted tokens emitted (accepted + the target's own)
+    predicted_s: float             # predicted iteration seconds
+    predicted_draft_s: float
+    predicted_verify_s: float
+    grow_s: float                  # host seconds in the policy (grower + calibration), draft forwards excluded
+    forward_s: float               # realised seconds of the draft forwards while growing
+    pool_size: int                 # nodes the draft proposed
+
+
+@dataclass
+class LeverRecord:
+    """Predicted vs realised, per iteration."""
+
+    tree_sizes: list[int] = field(default_factory=list)
+    predicted_tokens: list[float] = field(default_factory=list)
+    realised_tokens: list[int] = field(default_factory=list)
+    predicted_s: list[float] = field(default_factory=list)
+    realised_s: list[float] = field(default_factory=list)
+    grow_s: list[float] = field(default_factory=list)
+
+
+class GainCostPolicy:
+    """Grows each tree to maximise expected tokens per second (see module doc).
+
+    cost: a `lever.cost.cost_model.CostModel` (verify_s(n), draft_s(f),
+    iteration_overhead_s). max_nodes: draft nodes per tree at most; max_depth:
+    deepest node; topk: children the draft offers per expanded node.
+    adapt: rescale the cost curves online by realised / predicted seconds.
+    """
+
+    def __init__(self, cost, calibration: AcceptanceCalibration | None = None, max_nodes: int = 255,
+                 max_depth: int = 12, topk: int = 4, adapt: bool = True):
+        if max_nodes < 1 or max_depth < 1 or topk < 1:
+            raise LeverError(f"lever policy needs max_nodes, max_depth and topk >= 1, "
+                             f"got {max_nodes}, {max_depth}, {topk}")
+        self.cost = cost
+        self.calibration = calibration or AcceptanceCalibration()
+        self.max_nodes, self.max_depth, self.topk, self.adapt = max_nodes, max_depth, topk, adapt
+        self._verify_s = np.asarray(cost.verify_s(max_nodes + 1), dtype=np.float64)
+        self._draft_s = np.asarray(cost.draft_s(max(max_nodes + 1, 1)), dtype=np.float64)
+        self._overhead_s = float(cost.iteration_overhead_s)
+        self.verify_factor = 1.0
+        self.draft_factor = 1.0
+        self.record = LeverRecord()
+
+    # -- one iteration ----------------------------------------------------------------
+
+    def grower(self) -> "_native.TreeGrower":
+        return _native.TreeGrower(self._verify_s * self.verify_factor, self._draft_s * self.draft_factor,
+                                  self._overhead_s, self.max_nodes, self.max_depth)
+
+    def draft(self, drafter, root: int) -> LeverDraft:
+        """Grow a tree under `root` with `drafter` (a ModelDrafter: start_tree /
+        expand / use_tree)."""
+        if not hasattr(drafter, "expand"):
+            raise LeverError("mode lever needs a draft model (prompt lookup has no probabilities to calibrate)")
+        grower = self.grower()
+        t_grow = time.perf_counter()
+        grower.begin(root, self.calibration.child_accept(self.max_depth, self.topk))
+        drafter.start_tree()
+        ranks = np.arange(self.topk)
+        forward_s = 0.0
+        while True:
+            nodes = grower.next_expansion()
+            if not nodes:
+                break
+            pool = grower.pool
+            t0 = time.perf_counter()
+            top_tok, top_lp = drafter.expand(pool, nodes, self.topk)
+            forward_s += time.perf_counter() - t0
+            depths = pool.depths()[nodes] + 1
+            accept = self.calibration.predict(np.exp(top_lp.astype(np.float64)), depths[:, None], ranks[None, :])
+            for row, node in enumerate(nodes):
+                grower.add_children(node, top_tok[row], top_lp[row], accept[row])
+        tree, pool_index, expected, predicted_s = grower.select()
+        drafter.use_tree(tree, pool_index)
+        grow_s = time.perf_counter() - t_grow - forward_s
+        n = len(tree)
+        verify_s = float(self._verify_s[n - 1] * self.verify_factor)
+        q = np.exp(grower.pool.logprobs()[pool_index].astype(np.float64))
+        q[0] = 1.0
+        rank = np.array([grower.rank(int(i)) for i in pool_index])
+        return LeverDraft(tree=tree, q=q, rank=rank,
+                          expected_tokens=float(expected), predicted_s=float(predicted_s),
+                          predicted_draft_s=float(grower.draft_spent_s), predicted_verify_s=verify_s,
+                          grow_s=grow_s, forward_s=forward_s, pool_size=len(grower.pool))
+
+    def observe(self, draft: LeverDraft, accepted: list[int], verify_s: float, iteration_s: float) -> None:
+        """Learn from one verification: `accepted` tree nodes; realised seconds of
+        the target pass and of the whole iteration (draft, verify, accept, commit)."""
+        tree = draft.tree
+        accepted_set = set(accepted)
+        trials = [c for v in [0] + list(accepted) for c in tree.children(v)]
+        if trials:
+            idx = np.asarray(trials)
+            self.calibration.update(draft.q[idx], tree.depths()[idx], draft.rank[idx],
+                                    np.array([c in accepted_set for c in trials]))
+        if self.adapt:
+            self.verify_factor = _blend(self.verify_factor, verify_s, draft.predicted_verify_s)
+            if draft.predicted_draft_s > 0 and draft.forward_s > 0:
+                self.draft_factor = _blend(self.draft_factor, draft.forward_s, draft.predicted_draft_s)
+            rest = iteration_s - verify_s - draft.forward_s      # host work, commit's catch-up forward
+            if rest > 0:
+                self._overhead_s += CORRECTION_RATE * (rest - self._overhead_s)
+        r = self.record
+        r.tree_sizes.append(len(tree) - 1)
+        r.predicted_tokens.append(draft.expected_tokens)
+        r.realised_tokens.append(len(accepted) + 1)
+        r.predicted_s.append(draft.predicted_s)
+        r.realised_s.append(iteration_s)
+        r.grow_s.append(draft.grow_s)
+
+    # -- reporting ----------------------------------------------------------------------
+
+    def report(self, since: int = 0) -> dict:
+        """Tree sizes, predicted vs realised accepted length and iteration seconds
+        over the iterations from number `since` on (the calibration error is
+        over everything it has learnt)."""
+        r = self.record
+        sizes = np.asarray(r.tree_sizes[since:])
+        if not sizes.size:
+            return {"iterations": 0}
+        r = LeverRecord(*(getattr(r, f)[since:] for f in LeverRecord.__dataclass_fields__))
+        return {
+            "iterations": len(sizes),
+            "tree_size": {"mean": round(float(sizes.mean()), 2), "min": int(sizes.min()),
+                          "p50": float(np.percentile(sizes, 50)), "p90": float(np.percentile(sizes, 90)),
+                          "max": int(sizes.max()), "histogram": _histogram(sizes)},
+            "accepted_length": {"predicted_mean": round(float(np.mean(r.predicted_tokens)), 3),
+                                "realised_mean": round(float(np.mean(r.realised_tokens)), 3)},
+            "iteration_s": {"predicted_mean": round(float(np.mean(r.predicted_s)), 5),
+                            "realised_mean": round(float(np.mean(r.realised_s)), 5)},
+            "grow_us_mean": round(float(np.mean(r.grow_s)) * 1e6, 1),
+            "cost_correction": {"verify": round(self.verify_factor, 4), "draft": round(self.draft_factor, 4),
+                                "overhead_s": round(self._overhead_s, 5)},
+            "calibration": self.calibration.calibration_error(),
+        }
+
+
+def _blend(factor: float, realised: float, predicted: float) -> float:
+    """Move the correction factor towards realised / (predicted / factor), in log space."""
+    if realised <= 0 or predicted <= 0:
+        return factor
+    base = predicted / factor                       # the uncorrected prediction
+    target = realised / base
+    return math.exp((1 - CORRECTION_RATE) * math.log(factor) + CORRECTION_RATE * math.log(target))
+
+
+def _histogram(sizes: np.ndarray) -> dict[str, int]:
+    """Counts of tree sizes in power-of-two buckets: '0', '1', '2-3', '4-7', ..."""
+    out: dict[str, int] = {}
+    for s in sizes.tolist():
+        if s < 2:
+            key = str(s)
+        else:
+            lo = 1 << (int(s).bit_length() - 1)
+            key = f"{lo}-{2 * lo - 1}"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0].split("-")[0])))
+
+
+@dataclass(frozen=True)
+class CostCurves:
+    """Explicit cost curves with the interface of lever.cost.cost_model.CostModel
+    (for tests and synthetic benchmarks): verify_curve[n-1] seconds of a target
+    pass over n tokens, draft_curve[f-1] of a draft forward over f nodes; past
+    their ends they are extended linearly from the last two points."""
+
+    verify_curve: tuple[float, ...]
+    draft_curve: tuple[float, ...]
+    iteration_overhead_s: float = 0.0
+
+    @classmethod
+    def linear(cls, verify_fixed_s: float, verify_per_token_s: float, draft_fixed_s: float,
+               draft_per_node_s: float, overhead_s: float = 0.0, n_max: int = 256) -> "CostCurves":
+        """verify(n) = fixed + per_token * n; draft(f) = fixed + per_node * f."""
+        n = np.arange(1, n_max + 1)
+        return cls(tuple(verify_fixed_s + verify_per_token_s * n), tuple(draft_fixed_s + draft_per_node_s * n),
+                   overhead_s)
+
+    def verify_s(self, n_max: int) -> np.ndarray:
+        return _extend(self.verify_curve, n_max)
+
+    def draft_s(self, f_max: int) -> np.ndarray:
+        return _extend(self.draft_curve, f_max)
+
+
+def _extend(curve: tuple[float, ...], n: int) -> np.ndarray:
+    c = np.asarray(curve, dtype=np.float64)
+    if n <= len(c):
+        return c[:n].copy()
+    step = c[-1] - c[-2] if len(c) > 1 else 0.0
+    return np.concatenate([c, c[-1] + step * np.arange(1, n - len(c) + 1)])
