@@ -128,17 +128,20 @@ def load(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
 
 def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str | torch.dtype = "bfloat16",
                backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
-               cache_dir: str | os.PathLike | None = None, quantized: bool = True) -> LoadedModel:
+               cache_dir: str | os.PathLike | None = None, quantized: bool = True,
+               max_read_bytes_per_s: str | float = 0.0) -> LoadedModel:
     """A target streamed from a flash store (`lever convert`) under a DRAM budget
     ('600MB', '1.5GiB' or bytes). Its `.model.report()` gives the I/O statistics.
     Quantised matrices are multiplied straight from the read buffers by the
-    native kernels; quantized=False dequantises them first."""
-    from .store.residency import parse_size
+    native kernels; quantized=False dequantises them first.
+    max_read_bytes_per_s caps flash reads (bytes/s or '200MB/s'; 0 = unlimited)."""
+    from .store.residency import parse_rate, parse_size
     from .store.streamed import StreamedDecoder
 
     t0 = time.perf_counter()
     model = StreamedDecoder(store_dir, parse_size(dram_budget), parse_dtype(dtype), backend=backend,
-                            prefetch_depth=prefetch_depth, kv_tokens=kv_tokens, quantized=quantized)
+                            prefetch_depth=prefetch_depth, kv_tokens=kv_tokens, quantized=quantized,
+                            max_read_bytes_per_s=parse_rate(max_read_bytes_per_s))
     tokenizer = store_tokenizer(store_dir, cache_dir)
     return LoadedModel(model, tokenizer, Path(store_dir), load_s=time.perf_counter() - t0)
 

@@ -10,12 +10,12 @@ from .errors import LeverError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .commands import bench, convert, generate, models
+    from .commands import bench, convert, generate, models, profile
 
     parser = argparse.ArgumentParser(prog="lever", description="Speculative LLM inference with a flash-resident target.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for command in (generate, convert, models, bench):
+    for command in (generate, convert, models, bench, profile):
         command.add_parser(sub)
     return parser
 

@@ -38,6 +38,14 @@ class DramBudgetError(LeverError):
     """The DRAM budget is too small for the store (the message states the minimum)."""
 
 
+class ReadLimitError(LeverError):
+    """A read-bandwidth cap (`--read-limit`) that cannot be read."""
+
+
+class ProfileError(LeverError):
+    """A device profile that cannot be measured or used (see `lever profile`)."""
+
+
 class FlashReadError(LeverError):
     """Reading a store's weights from flash failed.
 

@@ -123,6 +123,9 @@ def add_parser(subparsers) -> None:
                    help="flash reader backend (default auto)")
     p.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
                    help="extents kept in flight ahead of the computing layer (default 2)")
+    p.add_argument("--read-limit", default="0", metavar="RATE",
+                   help="cap flash reads of --target-store to emulate slower flash, e.g. 200MB/s, 1.5GiB/s or "
+                        "bytes/s (default 0 = unlimited)")
     p.add_argument("--drop-caches", action="store_true",
                    help="drop the OS page cache once before the first timed run (needs root; reported)")
     p.add_argument("--resident", action="store_true",
@@ -200,7 +203,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
         kv_tokens = max(map(len, ids)) + new_tokens + max_draft + 2
         loaded = load_store(store, budget, dtype=args.dtype, backend=args.reader,
                             quantized=args.kernels == "native",
-                            prefetch_depth=args.prefetch_depth, kv_tokens=kv_tokens, cache_dir=args.cache_dir)
+                            prefetch_depth=args.prefetch_depth, kv_tokens=kv_tokens, cache_dir=args.cache_dir,
+                            max_read_bytes_per_s=args.read_limit)
         target_name = str(store)
     else:
         manifest, budget = None, None

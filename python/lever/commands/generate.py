@@ -50,6 +50,9 @@ def add_parser(subparsers) -> None:
                        help="flash reader backend (auto: io_uring, else a pread thread pool)")
     flash.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
                        help="extents kept in flight ahead of the computing layer (default 2)")
+    flash.add_argument("--read-limit", default="0", metavar="RATE",
+                       help="cap flash reads to emulate slower flash, e.g. 200MB/s, 1.5GiB/s or bytes/s "
+                            "(default 0 = unlimited)")
     flash.add_argument("--drop-caches", action="store_true",
                        help="drop the OS page cache before the run (needs root; the result is reported)")
     p.add_argument("--json", action="store_true",
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
                             quantized=args.kernels == "native",
                             prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
-                            kv_tokens=_kv_tokens(args))
+                            kv_tokens=_kv_tokens(args), max_read_bytes_per_s=args.read_limit)
     else:
         loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
                       quantized=args.kernels == "native")

@@ -15,6 +15,8 @@ Parameter names follow Hugging Face (`embed_tokens`, `layers.N.self_attn.q_proj`
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -97,7 +99,15 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    """The whole model: embedding, decoder layers, final norm, output head."""
+    """The whole model: embedding, decoder layers, final norm, output head.
+
+    `stage_times`: None (default), or a list to which every forward appends
+    (stage, seconds) for "embed" (rotary tables + embedding lookup), each
+    "layer.N" and "head" (final norm + output projection) -- the profiler's
+    hook (`lever.cost.profile`); None costs one `if` per stage.
+    """
+
+    stage_times: list | None = None
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -146,14 +156,30 @@ class Decoder(nn.Module):
         if mask.shape != (t, cache.length + t):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({t}, {cache.length + t})")
         cache.reserve(cache.length + t)
+        times = self.stage_times
+        t0 = time.perf_counter() if times is not None else 0.0
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
         x = self.embed_tokens(tokens, self.dtype)
+        if times is not None:
+            t0 = lap(times, "embed", t0)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i)
+            if times is not None:
+                t0 = lap(times, f"layer.{i}", t0)
         cache.advance(t)
         if logits_rows is not None:
             x = x[logits_rows]
-        return linear(self.norm(x), self.output_weight()).float()
+        logits = linear(self.norm(x), self.output_weight()).float()
+        if times is not None:
+            lap(times, "head", t0)
+        return logits
+
+
+def lap(times: list, stage: str, t0: float) -> float:
+    """Append (stage, seconds since t0) to `times`; returns the current time (seconds)."""
+    now = time.perf_counter()
+    times.append((stage, now - t0))
+    return now
 
 
 def causal_mask(n_new: int, n_cached: int) -> torch.Tensor:

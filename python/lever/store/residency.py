@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..errors import DramBudgetError
+from ..errors import DramBudgetError, ReadLimitError
 from .manifest import Extent, StoreManifest
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -34,6 +34,27 @@ def parse_size(text: str | int) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise DramBudgetError(f"cannot read the size {text!r} (examples: 600MB, 1.5GiB, 750000000)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_rate(text: str | float | int | None) -> float:
+    """A read-bandwidth cap -> bytes per second; 0.0 = unlimited.
+
+    '200MB/s' (10^6), '1.5GiB/s' (2^30), '512M/s' (2^20), the same without
+    '/s', or a plain number of bytes per second; None, '' and '0' mean no cap.
+    """
+    if text is None or text == "":
+        return 0.0
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*(?:/\s*s)?\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ReadLimitError(f"cannot read the read limit {text!r} "
+                                 f"(examples: 200MB/s, 1.5GiB/s, 250000000; 0 = unlimited)")
+        value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not value >= 0 or value == float("inf"):
+        raise ReadLimitError(f"the read limit must be a finite number of bytes/s >= 0, got {text!r}")
+    return value
 
 
 def fmt_bytes(n: int) -> str:

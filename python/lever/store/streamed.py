@@ -105,12 +105,26 @@ class _Workspace:
 
 
 class StreamedDecoder:
-    """Decoder forward over a flash store under a DRAM budget (see module doc)."""
+    """Decoder forward over a flash store under a DRAM budget (see module doc).
+
+    max_read_bytes_per_s: pace flash reads to at most this many bytes per
+    second (emulates slower flash); 0 = unlimited.
+    stage_times: None, or a list to which every forward appends (stage,
+    seconds) like `Decoder.stage_times`: "embed", each "layer.N" and one
+    "head" (final norm + all head parts).  A stage's seconds are its
+    dequantisation and arithmetic only; waiting on flash is excluded.
+    """
+
+    stage_times: list | None = None
 
     def __init__(self, store_dir: str | os.PathLike, dram_budget: int, dtype: torch.dtype = torch.bfloat16,
                  backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
-                 direct: bool = True, queue_depth: int = 8, quantized: bool = True):
+                 direct: bool = True, queue_depth: int = 8, quantized: bool = True,
+                 max_read_bytes_per_s: float = 0.0):
+        if max_read_bytes_per_s < 0:
+            raise ValueError(f"max_read_bytes_per_s must be >= 0, got {max_read_bytes_per_s}")
         self.store_dir = Path(store_dir)
+        self.max_read_bytes_per_s = float(max_read_bytes_per_s)
         self.manifest = StoreManifest.load(self.store_dir)
         self.config = self.manifest.config
         self.dtype = dtype
@@ -126,7 +140,8 @@ class StreamedDecoder:
         slot_bytes = self.plan.slot_bytes or self.manifest.globals.length
         self.reader = FlashReader(self.store_dir / WEIGHTS, slot_bytes=slot_bytes, n_slots=n_slots,
                                   backend=backend, direct=direct, queue_depth=queue_depth,
-                                  chunk_bytes=self.manifest.chunk_bytes)
+                                  chunk_bytes=self.manifest.chunk_bytes,
+                                  max_bytes_per_s=self.max_read_bytes_per_s)
         self._embed_fd = os.open(self.store_dir / WEIGHTS, os.O_RDONLY)
         self._pinned = {e.name: self._read_whole(e) for e in self.plan.pinned}
         with torch.device("meta"):
@@ -162,6 +177,12 @@ class StreamedDecoder:
             slot = self._free_slots.pop()
             self.reader.submit(slot, e.offset, e.length, list(e.chunk_crc32c), e.name)
             self._inflight.append((e, slot))
+
+    def settle(self, poll_s: float = 0.001) -> None:
+        """Block until the reads in flight (the ring prefetching the next pass) have
+        landed; they stay queued for the next forward.  poll_s: seconds between checks."""
+        while not all(self.reader.ready(slot) for _, slot in self._inflight):
+            time.sleep(poll_s)
 
     def _weights(self, e: Extent) -> tuple[dict[str, torch.Tensor], int | None]:
         """Tensors of `e` in the compute dtype, from DRAM or from the ring.
@@ -250,27 +271,39 @@ class StreamedDecoder:
         if mask.shape != (t, cache.length + t):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({t}, {cache.length + t})")
         cache.reserve(cache.length + t)
+        times = self.stage_times
+        t0 = time.perf_counter() if times is not None else 0.0
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
         x = self._embed(tokens)
+        if times is not None:
+            times.append(("embed", time.perf_counter() - t0))
         for i, e in enumerate(self.manifest.layers):
+            dq = self.stats.dequant_s
             w, slot = self._weights(e)
             t0 = time.perf_counter()
             x = functional_call(self._layer, _bind_quantized(self._layer, w), (x, cos, sin, mask, cache, i))
-            self.stats.compute_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.stats.compute_s += dt
+            if times is not None:
+                times.append((f"layer.{i}", dt + self.stats.dequant_s - dq))
             self._release(slot)
         cache.advance(t)
         if logits_rows is not None:
             x = x[logits_rows]
         t0 = time.perf_counter()
         h = self.norm(x)
-        self.stats.compute_s += time.perf_counter() - t0
+        head_s = time.perf_counter() - t0           # norm + projections (dequantisation not included)
+        dq = self.stats.dequant_s
         logits = torch.empty(h.shape[0], self.config.vocab_size, dtype=torch.float32)
         for e in self.manifest.head_parts:
             w, slot = self._weights(e)
             t0 = time.perf_counter()
             logits[:, e.rows[0]:e.rows[1]] = linear(h, w["weight"])
-            self.stats.compute_s += time.perf_counter() - t0
+            head_s += time.perf_counter() - t0
             self._release(slot)
+        self.stats.compute_s += head_s
+        if times is not None:
+            times.append(("head", head_s + self.stats.dequant_s - dq))
         self.stats.passes += 1
         self.stats.tokens += t
         return logits
@@ -293,6 +326,7 @@ class StreamedDecoder:
             "dequant_s": s.dequant_s,
             "dequantized_bytes_per_pass": s.dequantized_bytes / passes,
             "compute_s": s.compute_s,
+            "read_limit_bytes_per_s": self.max_read_bytes_per_s,
             "checksum_s": r.get("checksum_s"),
             "residency": self.plan.summary(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

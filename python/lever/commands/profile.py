@@ -1,0 +1,136 @@
+"""`lever profile`: measure the cost model of a target / draft pair on this
+device (per-stage flash-read and compute seconds, draft forward seconds,
+per-iteration host work), cache it, and print a summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import LeverError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "profile", help="measure this device's cost model for a target and draft (cached)",
+        description="Measure per-layer flash-read and compute times of the target, draft forward times and "
+                    "per-iteration host work on this device; cache them per (models, store, backend, machine) "
+                    "and print the predicted pass times.")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--target-store", default=None, metavar="DIR",
+                        help="stream the target from this flash store (see `lever convert`)")
+    target.add_argument("--target", default=None, metavar="NAME",
+                        help="an in-memory target: registered model name, GGUF file or checkpoint dir "
+                             "(default when no --target-store: smollm2-135m)")
+    p.add_argument("--draft", required=True, metavar="NAME",
+                   help="draft model kept in DRAM (registered name or path); 'ngram' has nothing to measure")
+    p.add_argument("--dram-budget", default="600MB", metavar="SIZE",
+                   help="DRAM the streamed target may use (default 600MB)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
+    p.add_argument("--kernels", default="native", choices=["native", "torch"],
+                   help="native: quantised matrices stay quantised (default); torch: dequantise, torch matmul")
+    p.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
+                   help="flash reader backend (default auto)")
+    p.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
+                   help="extents kept in flight ahead of the computing layer (default 2)")
+    p.add_argument("--read-limit", default="0", metavar="RATE",
+                   help="cap flash reads to emulate slower flash, e.g. 200MB/s (default 0 = unlimited)")
+    p.add_argument("--max-n", type=int, default=256, metavar="N",
+                   help="largest tree (tokens per target pass) to measure (default 256)")
+    p.add_argument("--force", action="store_true", help="measure again even if a cached profile exists")
+    p.add_argument("--cache-dir", default=None, help="cache root (profiles go to CACHE/profiles)")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON instead of the table")
+    p.add_argument("--plot", default=None, metavar="PATH", help="also write a PNG of pass and draft times")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(run=run)
+
+
+def n_grid_up_to(max_n: int) -> list[int]:
+    """The default grid of tree sizes, cut at max_n (max_n itself included)."""
+    from ..cost.profile import DEFAULT_N_GRID
+    if max_n < 1:
+        raise LeverError(f"--max-n must be >= 1, got {max_n}")
+    grid = [n for n in DEFAULT_N_GRID if n < max_n]
+    return grid + [max_n]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..api import DEFAULT_MODEL, load, load_store
+    from ..cost.cost_model import CostModel
+    from ..cost.profile import DEFAULT_DRAFT_GRID, load_or_measure, profile_key, profile_path
+    from ..store.residency import parse_rate, parse_size
+
+    if args.draft == "ngram":
+        raise LeverError("lever profile needs a draft model (--draft NAME, e.g. qwen2.5-coder-0.5b): "
+                         "'ngram' runs no forward pass, so there is nothing to measure")
+    if args.prefetch_depth < 1:
+        raise LeverError(f"--prefetch-depth must be >= 1, got {args.prefetch_depth}")
+    n_grid = n_grid_up_to(args.max_n)
+    read_limit = parse_rate(args.read_limit)
+    quantized = args.kernels == "native"
+    progress = not args.no_progress
+    budget = None
+    if args.target_store:
+        budget = parse_size(args.dram_budget)
+        loaded = load_store(args.target_store, budget, dtype=args.dtype, backend=args.reader,
+                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, quantized=quantized,
+                            max_read_bytes_per_s=read_limit)
+    else:
+        loaded = load(args.target or DEFAULT_MODEL, dtype=args.dtype, cache_dir=args.cache_dir,
+                      progress=progress, quantized=quantized)
+    target = loaded.model
+    try:
+        draft = load(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress,
+                     quantized=quantized)
+        key = profile_key(target, draft.model, target_id=loaded.path, draft_id=draft.path, kernels=args.kernels,
+                          reader_backend=args.reader, read_limit_bytes_per_s=read_limit, dram_budget=budget,
+                          dtype=args.dtype)
+        profile = load_or_measure(target, draft.model, key, cache_dir=args.cache_dir, force=args.force,
+                                  progress=progress, n_grid=n_grid, draft_grid=DEFAULT_DRAFT_GRID)
+    finally:
+        if hasattr(target, "close"):
+            target.close()
+    model = CostModel(profile)
+    path = profile_path(profile.key, args.cache_dir)
+    if args.plot:
+        from ..cost.plot import plot_cost_model
+        plot_cost_model(model, args.plot, title=f"{loaded.path.name} + {draft.path.name}")
+    if args.json:
+        print(json.dumps(profile.to_json(), indent=1))
+    else:
+        print_table(model, loaded.path.name, draft.path.name)
+        print(f"profile: {path}")
+        if args.plot:
+            print(f"plot: {args.plot}")
+    sys.stdout.flush()
+    return 0
+
+
+def print_table(model, target_name: str, draft_name: str) -> None:
+    """Per-stage read and compute ms, predicted pass ms, draft ms per frontier."""
+    import numpy as np
+
+    from ..cost.cost_model import SUMMARY_N, interpolate
+
+    p = model.profile
+    cols = (1, 64, 256)
+    print(f"# target {target_name}, draft {draft_name}; {len(p.stages)} stages, "
+          f"{sum(s.streamed for s in p.stages)} streamed ({p.io_bytes_per_pass / 1e6:,.1f} MB/pass), "
+          f"prefetch depth {p.prefetch_depth}; measured {p.created} in {p.measure_s:.1f} s")
+    print(f"{'stage':<10} {'read MB':>8} {'io ms':>8} " + " ".join(f"{f'C(n={n}) ms':>12}" for n in cols))
+    for s in p.stages:
+        c = interpolate(p.n_grid, s.compute_s, np.array(cols, dtype=float), p.fixed_shapes)
+        print(f"{s.name:<10} {s.io_bytes / 1e6:>8.1f} {s.io_s * 1e3:>8.2f} "
+              + " ".join(f"{x * 1e3:>12.2f}" for x in c))
+    e = interpolate(p.n_grid, p.embed_s, np.array(cols, dtype=float), p.fixed_shapes)
+    print(f"{'embed':<10} {0:>8.1f} {0:>8.2f} " + " ".join(f"{x * 1e3:>12.2f}" for x in e))
+    verify, compute = model.verify_s(max(SUMMARY_N)), model.compute_s(max(SUMMARY_N))
+    print(f"pass (predicted): " + ", ".join(
+        f"n={n} {verify[n - 1] * 1e3:,.1f} ms (compute {compute[n - 1] * 1e3:,.1f})" for n in SUMMARY_N))
+    print(f"flash floor {model.io_floor_s * 1e3:,.1f} ms/pass; I/O share at n=1 {model.io_share(1):.0%}, "
+          f"n=64 {model.io_share(64):.0%}"
+          + (f" (n > {max(p.n_grid)} extrapolated)" if max(p.n_grid) < max(SUMMARY_N) else ""))
+    draft = model.draft_s(max(p.draft_grid))
+    print("draft forward: " + ", ".join(f"f={f} {draft[f - 1] * 1e3:.1f} ms" for f in p.draft_grid))
+    print(f"iteration overhead {model.iteration_overhead_s * 1e3:.2f} ms")

@@ -1,0 +1,8 @@
+"""The cost model of speculative decoding on this device (DESIGN.md section 4).
+
+`lever.cost.profile` measures a target / draft pair on the device (`lever
+profile`) and caches the result per (model, store, backend, machine);
+`lever.cost.cost_model.CostModel` turns that profile into predicted seconds
+per target pass over n tree tokens, per draft forward over f nodes, and per
+iteration of host work.
+"""

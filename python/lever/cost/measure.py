@@ -1,0 +1,228 @@
+"""Measuring a DeviceProfile on this device (see `lever.cost.profile`).
+
+Target compute per stage comes from the decoder's `stage_times` hook (which
+excludes waiting on flash); flash read times come from synchronous O_DIRECT
+reads of each streamed extent; the draft is timed per whole forward.  Every
+timed forward runs a random token tree of n nodes over a `context_tokens`
+context and is truncated away afterwards, so the context stays the same.
+Times are seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import torch
+
+from ..errors import ProfileError
+from ..model.decoder import causal_mask
+from ..tree import TokenTree
+from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, DeviceProfile, Stage, check_grid
+
+IO_READS = 3                 # synchronous reads per streamed extent (median)
+OVERHEAD_NODES = 32          # tree size of the iteration-overhead measurement
+OVERHEAD_REPEATS = 20
+
+
+def measure_settings(n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID, context_tokens: int = 128,
+                     repeats: int = 2) -> dict:
+    """The measurement parameters, checked, as the JSON part of a cache key."""
+    if int(context_tokens) < 1:
+        raise ProfileError(f"context_tokens must be >= 1, got {context_tokens}")
+    if int(repeats) < 1:
+        raise ProfileError(f"repeats must be >= 1, got {repeats}")
+    return {"n_grid": check_grid(n_grid, "n_grid"), "draft_grid": check_grid(draft_grid, "draft_grid"),
+            "context_tokens": int(context_tokens), "repeats": int(repeats)}
+
+
+def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID,
+                    context_tokens: int = 128, repeats: int = 2, progress: bool = True) -> DeviceProfile:
+    """Measure `target` (a `Decoder` or `StreamedDecoder`) and `draft_model` (a
+    `Decoder`) on this device; `key` is stored in the profile as is.
+
+    Per grid point n the target runs `repeats` forwards of a random n-node
+    tree (after one warm-up) and each stage keeps its median compute time;
+    the draft likewise per frontier size.  Progress lines go to stderr.
+    """
+    cfg = measure_settings(n_grid, draft_grid, context_tokens, repeats)
+    n_grid, draft_grid, ctx, repeats = cfg["n_grid"], cfg["draft_grid"], cfg["context_tokens"], cfg["repeats"]
+    say = _printer(progress)
+    t_start = time.perf_counter()
+    rng = np.random.default_rng(0)
+    streamed = hasattr(target, "plan")
+    io = _measure_io(target, say) if streamed else {}
+    times = _measure_target(target, n_grid, ctx, repeats, rng, say)
+    draft_s = _measure_draft(draft_model, draft_grid, ctx, repeats, rng, say)
+    overhead = _measure_overhead(target, draft_model, ctx, rng)
+    say(f"profile: iteration overhead {overhead * 1e3:.2f} ms (a {OVERHEAD_NODES}-node tree)")
+    stages = _stages(target, times, io, len(n_grid))
+    return DeviceProfile(key=key, n_grid=n_grid, stages=stages, embed_s=times["embed"],
+                         draft_grid=draft_grid, draft_s=draft_s, iteration_overhead_s=overhead,
+                         prefetch_depth=target.plan.prefetch_depth if streamed else 0, fixed_shapes=False,
+                         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                         measure_s=time.perf_counter() - t_start)
+
+
+def _printer(progress: bool):
+    def say(line: str) -> None:
+        if progress:
+            print(line, file=sys.stderr, flush=True)
+    return say
+
+
+# -- flash ------------------------------------------------------------------------
+
+def _measure_io(target, say) -> dict[str, tuple[float, int]]:
+    """{extent name: (median seconds of a synchronous O_DIRECT read, bytes)} of the
+    streamed extents; the prefetch ring is idle while they are timed."""
+    from ..store.flash_reader import aligned_empty
+
+    extents = target.plan.streamed
+    if not extents:
+        return {}
+    target.settle()
+    buf = aligned_empty(max(e.length for e in extents))
+    out = {}
+    for e in extents:
+        samples = []
+        for _ in range(IO_READS):
+            t0 = time.perf_counter()
+            target.reader.read(e.offset, e.length, buf[:e.length], list(e.chunk_crc32c), e.name)
+            samples.append(time.perf_counter() - t0)
+        out[e.name] = (statistics.median(samples), e.length)
+    total_s = sum(s for s, _ in out.values())
+    total_b = sum(b for _, b in out.values())
+    say(f"profile: flash reads: {len(out)} streamed extents, {total_b / 1e6:,.1f} MB in {total_s * 1e3:,.1f} ms "
+        f"({total_b / total_s / 2**30 if total_s else 0:.2f} GiB/s)")
+    return out
+
+
+# -- compute ----------------------------------------------------------------------
+
+def random_tree(n: int, vocab: int, rng: np.random.Generator) -> TokenTree:
+    """A random valid token tree of `n` nodes (root included), distinct tokens."""
+    tokens = rng.choice(vocab, size=n, replace=False) if n <= vocab else rng.integers(0, vocab, n)
+    tree = TokenTree(int(tokens[0]))
+    for i in range(1, n):
+        tree.add(int(rng.integers(0, i)), int(tokens[i]), -1.0)
+    return tree
+
+
+def _tree_forward(model, tree: TokenTree, cache) -> None:
+    n_cached = cache.length
+    model(torch.from_numpy(tree.tokens()).long(), torch.from_numpy(tree.positions(n_cached)),
+          torch.from_numpy(tree.mask(n_cached)), cache)
+    cache.truncate(n_cached)
+
+
+def _context_cache(model, ctx: int, extra: int, rng: np.random.Generator):
+    """A fresh cache holding `ctx` random tokens, with room for `extra` more."""
+    cache = model.new_cache(capacity=ctx + extra)
+    tokens = torch.from_numpy(rng.integers(0, model.config.vocab_size, ctx)).long()
+    model(tokens, torch.arange(ctx), causal_mask(ctx, 0), cache)
+    return cache
+
+
+def _timed_stages(model, tree: TokenTree, cache) -> list[tuple[str, float]]:
+    model.stage_times = []
+    try:
+        _tree_forward(model, tree, cache)
+        return model.stage_times
+    finally:
+        model.stage_times = None
+
+
+def _measure_target(model, n_grid: list[int], ctx: int, repeats: int, rng, say) -> dict[str, list[float]]:
+    """{stage name: median compute seconds per n_grid point}, stages in pass order."""
+    vocab = model.config.vocab_size
+    cache = _context_cache(model, ctx, n_grid[-1], rng)
+    _tree_forward(model, random_tree(n_grid[0], vocab, rng), cache)          # warm-up
+    out: dict[str, list[float]] = {}
+    for k, n in enumerate(n_grid):
+        runs = [_timed_stages(model, random_tree(n, vocab, rng), cache) for _ in range(repeats)]
+        names = [name for name, _ in runs[0]]
+        for i, name in enumerate(names):
+            out.setdefault(name, []).append(statistics.median(run[i][1] for run in runs))
+        total = sum(v[-1] for v in out.values())
+        say(f"profile: target n={n:<4d} ({k + 1}/{len(n_grid)}) compute {total * 1e3:9.1f} ms")
+    return out
+
+
+def _measure_draft(model, grid: list[int], ctx: int, repeats: int, rng, say) -> list[float]:
+    """Median seconds of one draft forward over f tree nodes, per grid point."""
+    vocab = model.config.vocab_size
+    cache = _context_cache(model, ctx, grid[-1], rng)
+    _tree_forward(model, random_tree(grid[0], vocab, rng), cache)            # warm-up
+    out = []
+    for f in grid:
+        samples = []
+        for _ in range(repeats):
+            tree = random_tree(f, vocab, rng)
+            t0 = time.perf_counter()
+            _tree_forward(model, tree, cache)
+            samples.append(time.perf_counter() - t0)
+        out.append(statistics.median(samples))
+        say(f"profile: draft f={f:<4d} {out[-1] * 1e3:9.1f} ms")
+    return out
+
+
+def _measure_overhead(target, draft_model, ctx: int, rng) -> float:
+    """Median seconds of one iteration's host work for an OVERHEAD_NODES-node tree:
+    tokens / positions / mask tensors, argmax of the logits, the acceptance
+    walk, and compaction of the target's and the draft's KV caches."""
+    n = OVERHEAD_NODES
+    vocab = target.config.vocab_size
+    tree = random_tree(n, vocab, rng)
+    logits = torch.randn(n, vocab)
+    # the target's tokens follow the path root -> deepest node, so the walk descends it
+    deepest = max(range(n), key=tree.depth)
+    path = [deepest]
+    while tree.parent(path[-1]) > 0:
+        path.append(tree.parent(path[-1]))
+    choice = np.zeros(n, dtype=np.int64)
+    node = 0
+    for child in reversed(path):
+        choice[node] = tree.token(child)
+        node = child
+    caches = [target.new_cache(capacity=ctx + n), draft_model.new_cache(capacity=ctx + n)]
+    samples = []
+    for _ in range(OVERHEAD_REPEATS):
+        for c in caches:
+            c.truncate(0)
+            c.advance(ctx + n)
+        t0 = time.perf_counter()
+        torch.from_numpy(tree.tokens()).long(), torch.from_numpy(tree.positions(ctx))
+        torch.from_numpy(tree.mask(ctx))
+        logits.argmax(-1).numpy()
+        accepted, _ = tree.walk(choice)
+        keep = torch.from_numpy(tree.compaction_indices(ctx, accepted))
+        for c in caches:
+            c.compact(keep)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+# -- assembling the stages ----------------------------------------------------------
+
+def _stages(target, times: dict[str, list[float]], io: dict, n_points: int) -> list[Stage]:
+    """Stages in pass order.  A streamed store's head is one stage per head part
+    (each is its own extent), sharing the measured head time by rows."""
+    missing = [k for k in ("embed", "head") if k not in times]
+    if missing:
+        raise ProfileError(f"the target recorded no {', '.join(missing)} time (stage_times hook missing?)")
+    layers = [Stage(name, "layer", *io.get(name, (0.0, 0)), times[name])
+              for name in times if name.startswith("layer.")]
+    head = times["head"]
+    manifest = getattr(target, "manifest", None)
+    if manifest is None:
+        return layers + [Stage("head", "head", 0.0, 0, head)]
+    vocab = target.config.vocab_size
+    parts = []
+    for e in manifest.head_parts:
+        share = (e.rows[1] - e.rows[0]) / vocab
+        parts.append(Stage(e.name, "head", *io.get(e.name, (0.0, 0)), [h * share for h in head]))
+    return layers + parts

@@ -1,0 +1,147 @@
+"""The on-device profile (`lever profile`): measured, cached, keyed.
+
+    key = profile_key(target, draft_model, target_id=..., draft_id=..., kernels="native",
+                      reader_backend="auto", read_limit_bytes_per_s=0.0, dram_budget=600e6,
+                      dtype="bfloat16")
+    profile = load_or_measure(target, draft_model, key)       # cached under <cache>/profiles/
+    model = CostModel(profile)                                # lever.cost.cost_model
+
+A profile is valid only for exactly what it was measured with: the models
+(a store's manifest checksum, a GGUF's size and mtime), the storage format,
+the kernels and thread counts, the flash reader and its read limit, the DRAM
+budget and the extents it pins, the dtype, the machine, and the measurement
+grid.  All of that is the key; the cache file is named by its hash, so any
+change means another file and a new measurement.  A cached file whose key
+differs, that is corrupt, or of another version is never used: it is
+re-measured with a warning on stderr.
+
+Units: seconds, bytes, bytes per second; `n` counts tree tokens per target pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from .. import _native
+from ..errors import ProfileError
+from . import measure as _measure
+from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, VERSION, DeviceProfile, Stage
+from .identity import machine_identity, model_identity, store_identity
+
+__all__ = ["DeviceProfile", "Stage", "DEFAULT_N_GRID", "DEFAULT_DRAFT_GRID", "VERSION", "profile_key",
+           "profile_path", "measure_profile", "load_or_measure"]
+
+
+def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID,
+                    context_tokens: int = 128, repeats: int = 2, progress: bool = True) -> DeviceProfile:
+    """Measure a profile now (no cache); see `lever.cost.measure.measure_profile`."""
+    return _measure.measure_profile(target, draft_model, key, n_grid=n_grid, draft_grid=draft_grid,
+                                    context_tokens=context_tokens, repeats=repeats, progress=progress)
+
+
+def _dtype_name(dtype) -> str:
+    from ..model.weights import parse_dtype
+    return str(parse_dtype(dtype)).removeprefix("torch.")
+
+
+def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reader_backend: str,
+                read_limit_bytes_per_s: float, dram_budget: int | None, dtype) -> dict:
+    """Everything a profile of (`target`, `draft_model`) depends on, as JSON data.
+
+    target_id / draft_id: the models' paths on disk (a store directory, a
+    GGUF file, a checkpoint directory).  kernels: "native" or "torch".
+    reader_backend: as requested ("auto", "io_uring", "pread").
+    read_limit_bytes_per_s: the flash read cap (0 = none).  dram_budget:
+    bytes.  For an in-memory target the reader, read limit and budget play no
+    part and are recorded as None.
+    """
+    if kernels not in ("native", "torch"):
+        raise ProfileError(f"kernels must be 'native' or 'torch', got {kernels!r}")
+    streamed = hasattr(target, "plan")
+    backend = {"kernels": kernels, "isa": _native.kernel_isa(), "native_threads": _native.get_num_threads(),
+               "torch_threads": torch.get_num_threads()}
+    if streamed:
+        r = target.reader.stats()
+        backend.update(reader=reader_backend, reader_in_use=r["backend"], direct=bool(r["direct"]),
+                       read_limit_bytes_per_s=float(read_limit_bytes_per_s))
+        memory = {"dram_budget_bytes": int(dram_budget) if dram_budget is not None else int(target.plan.budget),
+                  "pinned": sorted(e.name for e in target.plan.pinned),
+                  "prefetch_depth": target.plan.prefetch_depth}
+        target_identity = store_identity(target.store_dir)
+    else:
+        backend.update(reader=None, read_limit_bytes_per_s=None)
+        memory = {"dram_budget_bytes": None, "pinned": None, "prefetch_depth": 0}
+        target_identity = model_identity(target_id)
+    key = {"target": target_identity, "draft": model_identity(draft_id), "backend": backend,
+           "memory": memory, "dtype": _dtype_name(dtype), "machine": machine_identity()}
+    return json.loads(json.dumps(key))          # plain JSON types, as read back from a file
+
+
+def _digest(key: dict) -> str:
+    canonical = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def profile_path(key: dict, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The cache file of a profile with this (full) key: <cache>/profiles/<hash>.json."""
+    from ..api import cache_root
+    return cache_root(cache_dir) / "profiles" / f"{_digest(key)}.json"
+
+
+def full_key(key: dict, **measure_kwargs) -> dict:
+    """`key` plus the measurement settings (grids, context, repeats): what a cached file must match."""
+    return {**json.loads(json.dumps(key)), "measure": _measure.measure_settings(**measure_kwargs)}
+
+
+def _read_cached(path: Path, key: dict) -> DeviceProfile | None:
+    """The profile stored at `path` if it is intact and has exactly `key`; else None
+    (with a warning on stderr when a file was there but unusable)."""
+    if not path.is_file():
+        return None
+    try:
+        profile = DeviceProfile.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, ProfileError) as e:
+        _warn(f"ignoring the cached profile {path} ({e}); measuring again")
+        return None
+    if profile.key != key:
+        _warn(f"ignoring the cached profile {path}: it was measured for another configuration; measuring again")
+        return None
+    return profile
+
+
+def _warn(line: str) -> None:
+    print(f"lever: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _write(path: Path, profile: DeviceProfile) -> None:
+    """Write the profile atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(profile.to_json(), indent=1))
+    os.replace(tmp, path)
+
+
+def load_or_measure(target, draft_model, key: dict, cache_dir: str | os.PathLike | None = None,
+                    force: bool = False, progress: bool = True, **measure_kwargs) -> DeviceProfile:
+    """The cached profile for `key` (+ the measurement settings in `measure_kwargs`:
+    n_grid, draft_grid, context_tokens, repeats), else a new measurement,
+    saved to `profile_path(profile.key, cache_dir)`.  force: always measure."""
+    key = full_key(key, **measure_kwargs)
+    path = profile_path(key, cache_dir)
+    if not force:
+        cached = _read_cached(path, key)
+        if cached is not None:
+            if progress:
+                print(f"profile: using the cached profile {path}", file=sys.stderr, flush=True)
+            return cached
+    profile = _measure.measure_profile(target, draft_model, key, progress=progress, **measure_kwargs)
+    _write(path, profile)
+    if progress:
+        print(f"profile: measured in {profile.measure_s:.1f} s, saved to {path}", file=sys.stderr, flush=True)
+    return profile
