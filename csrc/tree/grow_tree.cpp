@@ -156,10 +156,13 @@ std::vector<int> TreeGrower::next_expansion() {
     }
   }
   const Best current = best_prefix(order_probs_, draft_spent_);
-  // Expansion candidates: unexpanded nodes of the current best tree, most likely first.
+  // Expansion candidates: unexpanded nodes that can be in a tree (the first
+  // max_nodes by path probability), most likely first. Nodes just past the
+  // current best tree count too: with their predicted children they may pay.
   std::vector<int> candidates;
   if (!expanded_[0] && max_depth_ >= 1) candidates.push_back(0);
-  for (int i = 0; i < current.k; ++i) {
+  const int reach = std::min(static_cast<int>(order_.size()), max_nodes_);
+  for (int i = 0; i < reach; ++i) {
     const int node = order_[static_cast<size_t>(i)];
     if (!expanded_[static_cast<size_t>(node)] && pool_.depth(node) < max_depth_) {
       candidates.push_back(node);

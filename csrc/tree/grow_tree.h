@@ -27,8 +27,8 @@
 // the best tree of any size the pool can build.
 //
 // next_expansion() decides whether another draft forward pays for itself. It
-// considers the unexpanded nodes of the current best prefix (in path
-// probability order) and, for each count f of them, predicts the children a
+// considers the unexpanded nodes among the first max_nodes of the pool (in
+// path probability order) and, for each count f of them, predicts the children a
 // forward over the first f would add (node path probability x the expected
 // acceptance of a rank-r child at that depth, from `child_accept`), charges
 // draft_s(f), and re-optimises the prefix over pool + predicted children. It
