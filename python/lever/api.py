@@ -155,8 +155,8 @@ def make_drafter(name: str, dtype: str | torch.dtype = "bfloat16",
         from .draft.ngram import NgramDrafter
         return NgramDrafter()
     from .draft.model_drafter import ModelDrafter
-    return ModelDrafter(load(name, dtype=dtype, cache_dir=cache_dir, progress=progress,
-                             quantized=quantized).model)
+    loaded = load(name, dtype=dtype, cache_dir=cache_dir, progress=progress, quantized=quantized)
+    return ModelDrafter(loaded.model, path=loaded.path)
 
 
 def store_tokenizer(store_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Tokenizer:

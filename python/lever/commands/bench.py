@@ -28,7 +28,8 @@ QUICK = dict(prompts=2, new_tokens=16, modes=["ar", "chain:4", "tree:16"])
 FULL = dict(prompts=10, new_tokens=64, modes=["ar", "chain:4", "chain:6", "chain:8", "tree:16", "tree:32", "tree:64"])
 TREE_TOPK, TREE_DEPTH = 4, 8
 RESIDENT = "resident"
-MODE_HELP = "ar | chain:K | tree:N[:TOPK:DEPTH]"
+MODE_HELP = "ar | chain:K | tree:N[:TOPK:DEPTH] | lever[:N]"
+LEVER = "lever"
 
 
 # -- mode specs ------------------------------------------------------------------
@@ -38,11 +39,18 @@ class BenchMode:
     """One benchmarked decoding mode: its label ('tree:32') and engine configuration."""
 
     label: str
-    spec: object                     # lever.engine.SpecConfig
+    spec: object                     # lever.engine.SpecConfig (mode lever: set once the policy is built)
+    lever_nodes: int = 0             # mode lever: draft nodes per tree at most
+
+    @property
+    def max_draft(self) -> int:
+        """Draft tokens per iteration at most (the engine's cache headroom)."""
+        return self.lever_nodes if self.lever_nodes else self.spec.max_tree_nodes
 
 
 def parse_mode(text: str) -> BenchMode:
-    """'ar', 'chain:K', 'tree:N' (node budget N, topk 4, depth 8) or 'tree:N:TOPK:DEPTH'."""
+    """'ar', 'chain:K', 'tree:N' (node budget N, topk 4, depth 8), 'tree:N:TOPK:DEPTH',
+    or 'lever' / 'lever:N' (the gain-cost policy, at most N draft nodes, default 255)."""
     from ..draft.base import TreeShape
     from ..engine import SpecConfig
 
@@ -58,6 +66,10 @@ def parse_mode(text: str) -> BenchMode:
         raise bad
     if kind == "ar" and not values:
         return BenchMode("ar", SpecConfig("ar"))
+    if kind == LEVER and len(values) <= 1:
+        from ..policy import DEFAULT_MAX_NODES
+        nodes = values[0] if values else DEFAULT_MAX_NODES
+        return BenchMode(LEVER if not values else f"{LEVER}:{nodes}", None, lever_nodes=nodes)
     if kind == "chain" and len(values) == 1:
         return BenchMode(f"chain:{values[0]}", SpecConfig("chain", draft_len=values[0]))
     if kind == "tree" and len(values) in (1, 3):
@@ -185,8 +197,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     greedy = params.greedy
     prompts = load_prompts(args.prompt_set, args.categories, n_prompts)
     out_dir = Path(args.out) if args.out else default_out_dir()
-    needs_draft = any(m.spec.mode != "ar" for m in modes)
-    max_draft = max(m.spec.tree.budget + m.spec.draft_len for m in modes)    # the engine's cache headroom
+    needs_draft = any(m.lever_nodes or m.spec.mode != "ar" for m in modes)
+    max_draft = max(m.max_draft for m in modes) + 2    # the engine's cache headroom
 
     # -- load the target (and the resident reference), then the drafter
     t0 = time.perf_counter()
@@ -226,12 +238,28 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                             quantized=args.kernels == "native") if needs_draft else None)
     stop_ids = loaded.tokenizer.eos_token_ids
+    policies = []
+    for i, m in enumerate(modes):
+        if m.lever_nodes:
+            from ..policy import lever_policy
+            from ..store.residency import parse_rate
+            if args.draft == "ngram":
+                raise LeverError("mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has "
+                                 "no draft probabilities to calibrate")
+            policy = lever_policy(target, drafter, target_id=loaded.path, kernels=args.kernels, reader=args.reader,
+                                  read_limit_bytes_per_s=parse_rate(args.read_limit) if streamed else 0.0,
+                                  dram_budget=budget, dtype=args.dtype, params=params, cache_dir=args.cache_dir,
+                                  max_nodes=m.lever_nodes, progress=not args.no_progress)
+            policies.append(policy)
+            modes[i] = BenchMode(m.label, SpecConfig(LEVER, policy=policy), m.lever_nodes)
+    calibration_start = [p.calibration.observations for p in policies]
 
     # -- warm up (allocations, the read ring, the drafter), then start cold
     warm_mode = next((m for m in modes if m.spec.mode != "ar"), modes[0])
     from ..engine import speculative_generate
+    warm_spec = warm_mode.spec if warm_mode.spec.mode != LEVER else SpecConfig("tree")   # lever learns from runs
     speculative_generate(target, drafter if warm_mode.spec.mode != "ar" else None, ids[0], 2, params,
-                         warm_mode.spec, stop_ids=stop_ids)
+                         warm_spec, stop_ids=stop_ids)
     if resident is not None:
         speculative_generate(resident, None, ids[0], 2, params, SpecConfig("ar"), stop_ids=stop_ids)
     page_cache = drop_page_cache() if args.drop_caches else "not dropped"
@@ -317,6 +345,14 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
                                        else None, "tree": ({"budget": m.spec.tree.budget, "topk": m.spec.tree.topk,
                                                             "depth": m.spec.tree.depth}
                                                            if m.spec.mode == "tree" else None)}
+        if m.spec.mode == LEVER:
+            pol = m.spec.policy
+            aggregates[m.label]["spec"]["lever"] = {"max_nodes": pol.max_nodes, "max_depth": pol.max_depth,
+                                                    "topk": pol.topk}
+            aggregates[m.label]["lever"] = {**pol.report(), "calibration_observations_at_start":
+                                            calibration_start[policies.index(pol)],
+                                            "io_share_n1": round(pol.cost.io_share(1), 4),
+                                            "profile_pass_s": pol.cost.summary()["pass_s"]}
     resident_agg = aggregates.pop(RESIDENT, None)
     if args.resident and resident_agg is None:            # an in-memory --target is the resident target
         resident_agg = {**aggregates["ar"], "mode": RESIDENT, "same_as_ar": True}
@@ -324,6 +360,10 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
         resident_agg.setdefault("same_as_ar", False)
 
     print_table(aggregates, resident_agg, streamed)
+    print_lever(aggregates)
+    from ..policy import save_calibration
+    for pol in policies:
+        save_calibration(pol)
     if not greedy:
         print("# temperature > 0: outputs are samples; no token check against ar")
     bugs = [label for label, divs in checks.items() for d in divs if not d.get("near_tie")]
@@ -477,6 +517,24 @@ def print_table(aggregates: dict, resident: dict | None, streamed: bool) -> None
     sys.stdout.flush()
 
 
+def print_lever(aggregates: dict) -> None:
+    """One line per lever mode: tree sizes, predicted vs realised length and time."""
+    for a in aggregates.values():
+        lv = a.get("lever")
+        if not lv or not lv.get("iterations"):
+            continue
+        ts, al, it = lv["tree_size"], lv["accepted_length"], lv["iteration_s"]
+        hist = " ".join(f"{k}:{v}" for k, v in ts["histogram"].items())
+        cal = lv["calibration"]
+        print(f"# {a['mode']}: tree nodes mean {ts['mean']:.1f} p50 {ts['p50']:.0f} p90 {ts['p90']:.0f} max {ts['max']} "
+              f"[{hist}]; accepted length predicted {al['predicted_mean']:.2f} realised {al['realised_mean']:.2f}; "
+              f"iteration predicted {it['predicted_mean'] * 1e3:.0f} ms realised {it['realised_mean'] * 1e3:.0f} ms; "
+              f"policy {lv['grow_us_mean']:.0f} us/iteration; calibration ECE {cal['ece_calibrated'] or 0:.3f} "
+              f"(draft prob {cal['ece_draft_prob'] or 0:.3f}, {cal['observations']} observations, "
+              f"{lv['calibration_observations_at_start']} at start); profile I/O share at n=1 "
+              f"{100 * lv['io_share_n1']:.0f}%", flush=True)
+
+
 def plot(r: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -485,7 +543,8 @@ def plot(r: dict, path: Path) -> None:
     aggs = list(r["modes"].values())
     names = [a["mode"] for a in aggs]
     tps = [a["tokens_per_s"] for a in aggs]
-    colors = ["tab:gray" if n == "ar" else "tab:blue" if n.startswith("chain") else "tab:orange" for n in names]
+    colors = ["tab:gray" if n == "ar" else "tab:blue" if n.startswith("chain") else
+              "tab:red" if n.startswith(LEVER) else "tab:orange" for n in names]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.5))
     bars = ax.bar(names, tps, color=colors)
     for b, a in zip(bars, aggs):

@@ -39,13 +39,23 @@ def add_parser(subparsers) -> None:
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--draft", default=None, metavar="NAME",
                       help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)")
-    spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree"],
-                      help="ar: target alone; chain: k drafted tokens, Leviathan rule; tree: a token tree "
-                           "(default: tree with --draft, else ar)")
+    spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree", "lever"],
+                      help="ar: target alone; chain: k drafted tokens, Leviathan rule; tree: a static token "
+                           "tree; lever: a tree sized per iteration by expected tokens per second from this "
+                           "device's profile (default: lever with a draft model and --target-store, tree with "
+                           "another --draft, else ar)")
     spec.add_argument("--draft-len", type=int, default=4, metavar="K", help="chain length (default 4)")
     spec.add_argument("--tree-budget", type=int, default=32, metavar="N", help="draft nodes per tree (default 32)")
     spec.add_argument("--tree-topk", type=int, default=4, metavar="K", help="children per node (default 4)")
     spec.add_argument("--tree-depth", type=int, default=8, metavar="D", help="tree levels (default 8)")
+    spec.add_argument("--lever-max-nodes", type=int, default=255, metavar="N",
+                      help="mode lever: draft nodes per tree at most (default 255)")
+    spec.add_argument("--lever-max-depth", type=int, default=12, metavar="D",
+                      help="mode lever: deepest draft node (default 12)")
+    spec.add_argument("--lever-topk", type=int, default=4, metavar="K",
+                      help="mode lever: children the draft offers per expanded node (default 4)")
+    spec.add_argument("--reprofile", action="store_true",
+                      help="mode lever: measure the device profile again even if one is cached")
     flash.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
                        help="flash reader backend (auto: io_uring, else a pread thread pool)")
     flash.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
@@ -87,25 +97,43 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    drafter, spec = None, None
-    mode = args.mode or ("tree" if args.draft else "ar")
+    drafter, spec, policy = None, None, None
+    mode = args.mode or default_mode(args.draft, args.target_store)
     if args.draft or mode != "ar":
         from ..api import make_drafter
         from ..draft.base import TreeShape
         from ..engine import SpecConfig
-        try:
-            spec = SpecConfig(mode, args.draft_len, TreeShape(args.tree_budget, args.tree_topk, args.tree_depth))
-        except ValueError as e:
-            raise LeverError(str(e)) from None
         if mode != "ar" and not args.draft:
             raise LeverError(f"--mode {mode} needs --draft (a draft model or 'ngram')")
+        if mode == "lever" and args.draft == "ngram":
+            raise LeverError("--mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
+                             "draft probabilities to calibrate")
+        try:
+            shape = TreeShape(args.tree_budget, args.tree_topk, args.tree_depth)
+        except ValueError as e:
+            raise LeverError(str(e)) from None
         if args.draft:
             drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                                    quantized=args.kernels == "native")
+        if mode == "lever":
+            from ..policy import lever_policy
+            from ..sampling import SamplingParams
+            from ..store.residency import parse_rate, parse_size
+            policy = lever_policy(
+                loaded.model, drafter, target_id=loaded.path, kernels=args.kernels, reader=args.reader,
+                read_limit_bytes_per_s=parse_rate(args.read_limit) if args.target_store else 0.0,
+                dram_budget=parse_size(args.dram_budget) if args.target_store else None, dtype=args.dtype,
+                params=SamplingParams(args.temperature, args.top_p, args.top_k, args.seed),
+                cache_dir=args.cache_dir, max_nodes=args.lever_max_nodes, max_depth=args.lever_max_depth,
+                topk=args.lever_topk, force_profile=args.reprofile, progress=True)
+        spec = SpecConfig(mode, args.draft_len, shape, policy=policy)
     completion = loaded.generate(prompt, max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                  seed=args.seed, chat=not args.no_chat,
                                  on_text=None if args.json else stream, drafter=drafter, spec=spec)
+    if policy is not None:
+        from ..policy import save_calibration
+        save_calibration(policy)
     if args.json:
         out = completion.to_json()
         out["model"] = args.target_store or args.model
@@ -122,6 +150,12 @@ def run(args: argparse.Namespace) -> int:
         r = completion.result
         print(f"[{len(r.token_ids)} tokens, prefill {r.prefill_s:.2f} s, "
               f"decode {r.decode_tokens_per_s:.1f} tokens/s, stop: {r.stop_reason}]", file=sys.stderr)
+        if completion.spec is not None and completion.spec.policy and completion.spec.policy.get("iterations"):
+            lv = completion.spec.policy
+            print(f"[lever: {lv['iterations']} iterations, tree {lv['tree_size']['mean']:.1f} nodes on average "
+                  f"(max {lv['tree_size']['max']}), accepted length predicted "
+                  f"{lv['accepted_length']['predicted_mean']:.2f} / realised {lv['accepted_length']['realised_mean']:.2f}]",
+                  file=sys.stderr)
     return 0
 
 
@@ -138,9 +172,18 @@ def kernel_info(mode: str, model, drafter=None) -> dict:
     return info
 
 
+def default_mode(draft: str | None, target_store: str | None) -> str:
+    """lever with a draft model and a flash store, tree with another draft, else ar."""
+    if not draft:
+        return "ar"
+    return "lever" if target_store and draft != "ngram" else "tree"
+
+
 def _kv_tokens(args) -> int:
-    """KV cache rows to budget for: a generous prompt allowance plus the new tokens."""
-    return 1024 + max(0, args.max_new_tokens)
+    """KV cache rows to budget for: a generous prompt allowance plus the new
+    tokens, at least 2048 (what `lever profile` assumes, so its cached profile
+    has the same pinned layers and is found)."""
+    return max(2048, 1024 + max(0, args.max_new_tokens))
 
 
 def flash_stats(report: dict, new_tokens: int, page_cache: str | None) -> dict:

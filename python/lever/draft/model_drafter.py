@@ -26,8 +26,9 @@ from .base import TreeShape
 
 
 class ModelDrafter:
-    def __init__(self, model):
+    def __init__(self, model, path=None):
         self.model = model
+        self.path = path             # where the draft model was loaded from (profile and calibration keys)
         self.cache = None
         self._committed = 0          # draft cache rows before the current tree
         self._rows: dict[int, int] = {}   # drafted-tree node -> its row after the committed rows
