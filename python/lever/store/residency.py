@@ -1,12 +1,13 @@
 """The DRAM budget: which extents of a store stay pinned in memory, which are
 streamed from flash every pass, and what the fixed costs are.
 
-Fixed costs (bytes): the final norm, one dequantisation workspace (the largest
-extent's weights in the compute dtype), the KV cache for `kv_tokens` tokens,
+Fixed costs (bytes): the final norm, one dequantisation workspace (room for
+the largest extent's tensors that are not used in place, in the compute
+dtype: see `workspace_elements`), the KV cache for `kv_tokens` tokens,
 a cache of embedding rows, and -- unless everything is pinned -- a ring of
 `prefetch_depth` read buffers as large as the largest streamed extent.
 Pinned extents are kept in their stored (possibly quantised) form and are
-dequantised into the workspace when used, exactly like streamed ones.
+used exactly like streamed ones: in place, or dequantised into the workspace.
 
 Pinning order: the head parts, then decoder layers from the last one down.
 Pinning the tail of the pass lets the reader fetch the first streamed layers
@@ -110,9 +111,29 @@ def _pin_order(m: StoreManifest) -> list[Extent]:
     return list(reversed(m.head_parts)) + list(reversed(m.layers))
 
 
-def fixed_costs(m: StoreManifest, dtype_bytes: int, kv_tokens: int, embed_cache_rows: int) -> dict[str, int]:
+IN_PLACE_QTYPE = {2: 30, 4: 0}       # compute dtype bytes -> the ggml type used in place (bf16, f32)
+
+
+def used_in_place(t, dtype_bytes: int, quantized: bool) -> bool:
+    """Whether tensor `t` of an extent is used straight from its read buffer:
+    a matrix stored in the compute dtype, or (with `quantized`) in a block type
+    the native kernels multiply. Everything else is dequantised."""
+    from ..model.linear import has_kernel
+    if len(t.shape) != 2:
+        return False
+    return t.qtype == IN_PLACE_QTYPE.get(dtype_bytes) or (quantized and has_kernel(t.qtype))
+
+
+def workspace_elements(m: StoreManifest, dtype_bytes: int, quantized: bool) -> int:
+    """Elements of the dequantisation workspace: the most any one extent dequantises."""
+    return max(sum(_elements(t.shape) for t in e.tensors if not used_in_place(t, dtype_bytes, quantized))
+               for e in pass_order(m))
+
+
+def fixed_costs(m: StoreManifest, dtype_bytes: int, kv_tokens: int, embed_cache_rows: int,
+                quantized: bool = False) -> dict[str, int]:
     cfg = m.config
-    workspace = max(sum(_elements(t.shape) for t in e.tensors) for e in pass_order(m)) * dtype_bytes
+    workspace = workspace_elements(m, dtype_bytes, quantized) * dtype_bytes
     return {
         "globals": m.globals.length,
         "workspace": workspace,
@@ -129,11 +150,12 @@ def _elements(shape) -> int:
 
 
 def plan_residency(m: StoreManifest, budget: int, dtype_bytes: int = 2, kv_tokens: int = 2048,
-                   prefetch_depth: int = 2, embed_cache_rows: int = 4096) -> ResidencyPlan:
-    """Pin as many extents as `budget` bytes allow; raise DramBudgetError below the minimum."""
+                   prefetch_depth: int = 2, embed_cache_rows: int = 4096, quantized: bool = False) -> ResidencyPlan:
+    """Pin as many extents as `budget` bytes allow; raise DramBudgetError below the minimum.
+    quantized: the native kernels use kernel-ready matrices in place (no workspace for them)."""
     if prefetch_depth < 1:
         raise DramBudgetError(f"prefetch depth must be at least 1, got {prefetch_depth}")
-    fixed = fixed_costs(m, dtype_bytes, kv_tokens, embed_cache_rows)
+    fixed = fixed_costs(m, dtype_bytes, kv_tokens, embed_cache_rows, quantized)
     base = sum(fixed.values())
     order = _pin_order(m)
     everything = base + sum(e.length for e in order)

@@ -43,7 +43,7 @@ from ..model.threads import torch_threads
 from ..model.weights import build_decoder
 from .flash_reader import FlashReader, aligned_empty
 from .manifest import WEIGHTS, Extent, StoreManifest
-from .residency import ResidencyPlan, pass_order, plan_residency
+from .residency import ResidencyPlan, plan_residency, used_in_place, workspace_elements
 
 _ALIGN = 4096
 
@@ -78,24 +78,24 @@ class _Workspace:
         self._np = (self.buf.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16
                     else self.buf.numpy())
 
-    def dequantize(self, raw: np.ndarray, extent: Extent, in_place_qtype: int | None = None,
-                   quantized: bool = False) -> tuple[dict, bool]:
-        """Tensors of `extent` (raw = its bytes): views of `raw` itself for matrices
-        stored as `in_place_qtype` (the compute dtype) or, with `quantized`, in a
-        type the native kernels multiply (as `QuantTensor`); the rest dequantised
-        into the workspace.  Returns (tensors, whether any view of `raw` was handed out)."""
+    def dequantize(self, raw: np.ndarray, extent: Extent, quantized: bool = False) -> tuple[dict, bool]:
+        """Tensors of `extent` (raw = its bytes): views of `raw` itself for the
+        matrices `residency.used_in_place` names (stored in the compute dtype,
+        or, with `quantized`, in a type the native kernels multiply: as
+        `QuantTensor`); the rest dequantised into the workspace.  Returns
+        (tensors, whether any view of `raw` was handed out)."""
         out, pos, in_place = {}, 0, False
         self.written = 0
+        dtype_bytes = self.buf.element_size()
         for t in extent.tensors:
             n = int(np.prod(t.shape))
             src = raw[t.offset:t.offset + t.nbytes]
-            if quantized and len(t.shape) == 2 and has_kernel(t.qtype):
-                out[t.name] = QuantTensor(src, t.qtype, tuple(t.shape))
+            if used_in_place(t, dtype_bytes, quantized):
                 in_place = True
-                continue
-            if t.qtype == in_place_qtype and len(t.shape) > 1:
-                out[t.name] = torch.frombuffer(src, dtype=self.dtype).view(t.shape)
-                in_place = True
+                if quantized and has_kernel(t.qtype):
+                    out[t.name] = QuantTensor(src, t.qtype, tuple(t.shape))
+                else:
+                    out[t.name] = torch.frombuffer(src, dtype=self.dtype).view(t.shape)
                 continue
             _native.dequantize(src, t.qtype, self._np[pos:pos + n])
             out[t.name] = self.buf[pos:pos + n].view(t.shape)
@@ -134,7 +134,7 @@ class StreamedDecoder:
         self.torch_threads = 1 if quantized and all(has_kernel(t.qtype) for t in matrices) else None
         dtype_bytes = torch.empty(0, dtype=dtype).element_size()
         self.plan: ResidencyPlan = plan_residency(self.manifest, dram_budget, dtype_bytes, kv_tokens,
-                                                  prefetch_depth)
+                                                  prefetch_depth, quantized=quantized)
         self.stats = StreamStats()
         n_slots = max(1, self.plan.prefetch_depth)
         slot_bytes = self.plan.slot_bytes or self.manifest.globals.length
@@ -146,15 +146,12 @@ class StreamedDecoder:
         self._pinned = {e.name: self._read_whole(e) for e in self.plan.pinned}
         with torch.device("meta"):
             self._layer = DecoderLayer(self.config)
-        n_ws = max(sum(int(np.prod(t.shape)) for t in e.tensors) for e in pass_order(self.manifest))
-        self._ws = _Workspace(n_ws, dtype)
+        self._ws = _Workspace(workspace_elements(self.manifest, dtype_bytes, quantized), dtype)
         g = self.manifest.globals
         glob = _Workspace(sum(int(np.prod(t.shape)) for t in g.tensors), dtype)
         self.norm = RMSNorm(self.config.hidden_size, self.config.rms_norm_eps)
         self.norm.weight = torch.nn.Parameter(glob.dequantize(self._read_whole(g), g)[0]["norm.weight"].clone(),
                                               requires_grad=False)
-        # tensors stored in the compute dtype are used straight from the read buffer
-        self._in_place_qtype = {torch.bfloat16: 30, torch.float32: 0}[dtype]
         self._embed_rows: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
         self._embed_cap = 4096
         self._streamed = self.plan.streamed
@@ -203,8 +200,7 @@ class StreamedDecoder:
             raw = self.reader.wait(slot)
             self.stats.stall_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        weights, in_place = self._ws.dequantize(raw, e, in_place_qtype=self._in_place_qtype,
-                                                quantized=self.quantized)
+        weights, in_place = self._ws.dequantize(raw, e, quantized=self.quantized)
         self.stats.dequant_s += time.perf_counter() - t0
         self.stats.dequantized_bytes += self._ws.written
         if slot is not None and not in_place:
