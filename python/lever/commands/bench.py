@@ -116,7 +116,8 @@ def add_parser(subparsers) -> None:
                    help="DRAM the streamed target may use (default 600MB)")
     p.add_argument("--modes", nargs="+", default=None, metavar="MODE",
                    help=f"modes to compare, each {MODE_HELP}; tree:N = node budget N, topk {TREE_TOPK}, "
-                        f"depth {TREE_DEPTH} (default: {' '.join(FULL['modes'])}; ar is always included)")
+                        f"depth {TREE_DEPTH}; lever = the gain-cost policy (default: {' '.join(FULL['modes'])}, "
+                        f"plus lever with a draft model; ar is always included)")
     p.add_argument("--prompts", type=int, default=None, metavar="N",
                    help=f"first N prompts of the set (default {FULL['prompts']})")
     p.add_argument("--prompt-set", default="v1", metavar="VERSION", help="prompt set version (default v1)")
@@ -183,7 +184,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     preset = QUICK if args.quick else FULL
     n_prompts = args.prompts if args.prompts is not None else preset["prompts"]
     new_tokens = args.new_tokens if args.new_tokens is not None else preset["new_tokens"]
-    modes, ar_added = parse_modes(args.modes if args.modes is not None else preset["modes"])
+    default_modes = preset["modes"] + ([LEVER] if args.draft != "ngram" else [])   # lever needs a draft model
+    modes, ar_added = parse_modes(args.modes if args.modes is not None else default_modes)
     if new_tokens < 1:
         raise LeverError(f"--new-tokens must be >= 1, got {new_tokens}")
     if n_prompts < 1:

@@ -126,7 +126,7 @@ def print_table(model, target_name: str, draft_name: str) -> None:
     e = interpolate(p.n_grid, p.embed_s, np.array(cols, dtype=float), p.fixed_shapes)
     print(f"{'embed':<10} {0:>8.1f} {0:>8.2f} " + " ".join(f"{x * 1e3:>12.2f}" for x in e))
     verify, compute = model.verify_s(max(SUMMARY_N)), model.compute_s(max(SUMMARY_N))
-    print(f"pass (predicted): " + ", ".join(
+    print("pass (predicted): " + ", ".join(
         f"n={n} {verify[n - 1] * 1e3:,.1f} ms (compute {compute[n - 1] * 1e3:,.1f})" for n in SUMMARY_N))
     print(f"flash floor {model.io_floor_s * 1e3:,.1f} ms/pass; I/O share at n=1 {model.io_share(1):.0%}, "
           f"n=64 {model.io_share(64):.0%}"

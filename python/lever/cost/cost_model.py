@@ -1,8 +1,10 @@
 """Predicted seconds of one target pass, one draft forward and one iteration's
 host work, from a measured `DeviceProfile` (DESIGN.md section 4).
 
-Compute per stage is interpolated over the profile's grid: piecewise linear
-in n, extrapolated linearly (never downwards) past the last grid point; on
+Compute per stage is interpolated over the profile's grid: measurements are
+first made non-decreasing in n (a running maximum: more tokens never cost
+less, so a dip is measurement noise, e.g. the reader's checksum threads
+sharing the cores), then piecewise linear in n, extrapolated linearly (never downwards) past the last grid point; on
 fixed-shape backends a step function (the cost of the smallest grid point
 >= n; past the largest, whole runs of it plus the step cost of the rest).
 
@@ -40,7 +42,7 @@ SUMMARY_N = (1, 16, 64, 256)
 def interpolate(grid, values, n: np.ndarray, fixed_shapes: bool = False) -> np.ndarray:
     """Seconds at each n (float64 array) from measurements `values` at `grid` points."""
     g = np.asarray(grid, dtype=np.float64)
-    v = np.asarray(values, dtype=np.float64)
+    v = np.maximum.accumulate(np.asarray(values, dtype=np.float64))
     n = np.asarray(n, dtype=np.float64)
     if fixed_shapes:
         whole, rest = np.divmod(n, g[-1])
