@@ -44,6 +44,7 @@ class SyntheticDraft:
         self.probs = np.sort(rng.dirichlet(np.full(TOPK + 1, 1.0), size=4096)[:, :TOPK], axis=1)[:, ::-1].copy()
         self.tokens = np.arange(TOPK, dtype=np.int32) + 100
         self.i = 0
+        self.pending = []
 
     def next(self) -> np.ndarray:
         self.i = (self.i + 1) % len(self.probs)

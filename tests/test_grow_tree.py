@@ -150,6 +150,19 @@ def test_draft_cost_can_stop_growth():
     assert g.expansions >= 2 and len(tree) > 4
 
 
+def test_root_catch_up_cost_is_charged():
+    """The draft forward that expands the root also feeds the tokens the draft
+    missed (root_extra_s): a large backlog makes drafting not pay at all."""
+    g = TreeGrower(np.ones(64), np.full(64, 0.01), 0.0, 63, 3)
+    g.begin(7, [[0.5, 0.2, 0.1]] * 3, 0.05)
+    assert g.next_expansion() == [0]
+    assert g.draft_spent_s == pytest.approx(0.06)
+    g.begin(7, [[0.5, 0.2, 0.1]] * 3, 100.0)
+    assert g.next_expansion() == [] and g.draft_spent_s == 0.0
+    with pytest.raises(ValueError, match="root_extra_s"):
+        g.begin(7, [[0.5]], -1.0)
+
+
 # --- monotonicity and bucket edges ----------------------------------------------------
 
 def realistic_case(seed: int):
@@ -275,6 +288,7 @@ class TableDrafter:
     def __init__(self, universe: Universe, q_of):
         self.u, self.q_of = universe, q_of
         self.map = {}
+        self.pending = []
 
     def start_tree(self):
         self.map = {0: 0}

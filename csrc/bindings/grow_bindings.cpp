@@ -77,8 +77,10 @@ See lever.draft.gain_cost for the Python side.)doc")
       .def(py::init(&make_grower), py::arg("verify_s"), py::arg("draft_s"), py::arg("overhead_s"),
            py::arg("max_nodes"), py::arg("max_depth"))
       .def("begin", &TreeGrower::begin, py::arg("root_token"), py::arg("child_accept"),
+           py::arg("root_extra_s") = 0.0,
            "Start a tree at root_token; child_accept[d-1][r] is the expected acceptance of a "
-           "rank-r child at depth d (predictions only).")
+           "rank-r child at depth d (predictions only); root_extra_s: seconds added to the "
+           "forward that expands the root (the draft catching up).")
       .def("add_children", &add_children, py::arg("node"), py::arg("tokens"), py::arg("logprobs"),
            py::arg("accept"),
            "The draft's top children of an expanded node, in rank order: token ids, draft "

@@ -49,7 +49,12 @@ TreeGrower::TreeGrower(GrowCosts costs, int max_nodes, int max_depth)
   max_nodes_ = std::min(max_nodes_, static_cast<int>(costs_.verify_s.size()) - 1);
 }
 
-void TreeGrower::begin(int32_t root_token, std::vector<std::vector<double>> child_accept) {
+void TreeGrower::begin(int32_t root_token, std::vector<std::vector<double>> child_accept,
+                       double root_extra_s) {
+  if (!(root_extra_s >= 0.0) || !std::isfinite(root_extra_s)) {
+    throw std::invalid_argument("begin: root_extra_s must be a non-negative number of seconds");
+  }
+  root_extra_s_ = root_extra_s;
   pool_ = TokenTree(root_token, 4 * max_nodes_ + 8);
   path_prob_.assign(1, 1.0);
   rank_.assign(1, 0);
@@ -169,6 +174,8 @@ std::vector<int> TreeGrower::next_expansion() {
     }
   }
   const int fmax = std::min(static_cast<int>(candidates.size()), static_cast<int>(costs_.draft_s.size()));
+  // Expanding the root (always the first candidate while unexpanded) costs extra.
+  const double extra = expanded_[0] ? 0.0 : root_extra_s_;
   std::vector<double> predicted;  // descending
   int best_f = 0;
   double best_ratio = current.ratio;
@@ -182,7 +189,8 @@ std::vector<int> TreeGrower::next_expansion() {
       const double p = base * expected_child(depth, static_cast<int>(r));
       if (p > 0.0) insert_desc(predicted, p);
     }
-    const double fixed = draft_spent_ + costs_.draft_s[static_cast<size_t>(f - 1)] + costs_.overhead_s;
+    const double fixed =
+        draft_spent_ + extra + costs_.draft_s[static_cast<size_t>(f - 1)] + costs_.overhead_s;
     const double ratio = best_merged_ratio(order_probs_, predicted, max_nodes_, fixed, costs_.verify_s);
     if (ratio > best_ratio * (1.0 + 1e-12)) {
       best_ratio = ratio;
@@ -195,7 +203,7 @@ std::vector<int> TreeGrower::next_expansion() {
     awaiting_[static_cast<size_t>(node)] = 1;
   }
   if (best_f > 0) {
-    draft_spent_ += costs_.draft_s[static_cast<size_t>(best_f - 1)];
+    draft_spent_ += extra + costs_.draft_s[static_cast<size_t>(best_f - 1)];
     ++expansions_;
   }
   return chosen;

@@ -71,7 +71,11 @@ class TreeGrower {
   // Starts a tree at `root_token`. child_accept[d-1][r] is the expected
   // acceptance of a node's rank-r child at depth d (used only to predict what
   // an expansion will add); depths past the table use its last row.
-  void begin(int32_t root_token, std::vector<std::vector<double>> child_accept);
+  // root_extra_s: seconds added to the draft forward that expands the root
+  // (the draft catching up on committed tokens it has not seen, in the same
+  // batch); when even one expansion does not pay, none is made and the
+  // iteration is plain target decoding.
+  void begin(int32_t root_token, std::vector<std::vector<double>> child_accept, double root_extra_s = 0.0);
 
   // The draft's top children of `node`, in rank order (rank 0 = most likely):
   // tokens, draft log-probs and calibrated acceptance probabilities
@@ -117,6 +121,7 @@ class TreeGrower {
   std::vector<double> order_probs_; // path probs in order_ order
   std::vector<std::vector<double>> child_accept_;
   double draft_spent_ = 0.0;
+  double root_extra_s_ = 0.0;
   int expansions_ = 0;
 };
 

@@ -84,19 +84,31 @@ class GainCostPolicy:
 
     # -- one iteration ----------------------------------------------------------------
 
+    def _catch_up_s(self, pending: int) -> float:
+        """Extra draft seconds of expanding the root when `pending` committed tokens
+        must go through the draft first (in the same forward)."""
+        if pending <= 0:
+            return 0.0
+        curve = self._draft_s
+        f = pending + 1
+        at = curve[f - 1] if f <= len(curve) else curve[-1] + (curve[-1] - curve[-2]) * (f - len(curve))
+        return max(0.0, float(at - curve[0])) * self.draft_factor
+
     def grower(self) -> "_native.TreeGrower":
         return _native.TreeGrower(self._verify_s * self.verify_factor, self._draft_s * self.draft_factor,
                                   self._overhead_s, self.max_nodes, self.max_depth)
 
     def draft(self, drafter, root: int) -> LeverDraft:
         """Grow a tree under `root` with `drafter` (a ModelDrafter: start_tree /
-        expand / use_tree)."""
+        expand / use_tree, and `pending`, the committed tokens its next forward
+        must catch up on)."""
         if not hasattr(drafter, "expand"):
             raise LeverError("mode lever needs a draft model (prompt lookup has no probabilities to calibrate)")
         grower = self.grower()
         t_grow = time.perf_counter()
-        grower.begin(root, self.calibration.child_accept(self.max_depth, self.topk))
         drafter.start_tree()
+        grower.begin(root, self.calibration.child_accept(self.max_depth, self.topk),
+                     self._catch_up_s(len(drafter.pending)))
         ranks = np.arange(self.topk)
         forward_s = 0.0
         while True:

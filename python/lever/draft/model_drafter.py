@@ -8,8 +8,14 @@ candidates of the pool by draft path probability; the gain-cost policy
 Draft KV rows are assigned in forward order (`self._rows`: node -> row after
 the committed rows); a node attends to the committed rows and to the rows of
 its ancestors.  After verification the cache is compacted to the accepted
-path (no recomputation); only an accepted leaf, never run through the
-draft, is fed.
+path (no recomputation).
+
+Catching up is lazy: committed tokens the draft has not seen (an accepted
+leaf it never expanded, or the roots of iterations where no draft ran) wait
+in `pending` and go into the draft's next forward, together with the root,
+as one batch.  So an accepted leaf costs no forward of its own, and while the
+gain-cost policy chooses not to draft at all (e.g. a resident target that
+decodes faster alone), the draft costs nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ class ModelDrafter:
         self.model = model
         self.path = path             # where the draft model was loaded from (profile and calibration keys)
         self.cache = None
-        self._committed = 0          # draft cache rows before the current tree
+        self._committed = 0          # rows before the current tree: cached + pending
+        self.pending: list[int] = [] # committed tokens not yet in the draft cache (root excluded)
         self._rows: dict[int, int] = {}   # drafted-tree node -> its row after the committed rows
         self._order: list[int] = []       # drafted-tree nodes in row order
         self._tree_rows: list[int] | None = None   # row of each verified-tree node (-1: none)
@@ -43,18 +50,20 @@ class ModelDrafter:
         self.cache = self.model.new_cache(capacity=len(prompt_ids) + 512)
         if len(prompt_ids) > 1:
             prefill(self.model, prompt_ids[:-1], self.cache)
+        self.pending = []
         self.start_tree()
 
     # -- forwarding tree nodes ---------------------------------------------------------
 
     def start_tree(self) -> None:
         """Forget the rows of the previous tree (they must have been compacted away)."""
-        self._committed = self.cache.length
+        self._committed = self.cache.length + len(self.pending)
         self._rows, self._order, self._tree_rows = {}, [], None
 
     def _forward(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:
         """Run `nodes` of `tree` (each one's ancestors already run) through the draft,
-        appending their rows; returns their logits [len(nodes), vocab]."""
+        appending their rows, after any pending tokens (the first forward of a
+        tree); returns the nodes' logits [len(nodes), vocab]."""
         for i in nodes:
             self._rows[i] = len(self._order)
             self._order.append(i)
@@ -62,9 +71,21 @@ class ModelDrafter:
         ancestors = tree.mask(0)                           # [size, size]: j is an ancestor of i (or i)
         mask = np.ones((len(nodes), n + len(self._order)), dtype=bool)
         mask[:, n:] = ancestors[np.ix_(nodes, self._order)]
-        positions = torch.from_numpy(n + tree.depths()[nodes].astype(np.int64))
-        tokens = torch.from_numpy(tree.tokens()[nodes]).long()
-        return self.model(tokens, positions, torch.from_numpy(mask), self.cache)
+        positions = n + tree.depths()[nodes].astype(np.int64)
+        tokens = tree.tokens()[nodes].astype(np.int64)
+        p = len(self.pending)
+        if p:                                              # catch up: causal rows before the tree's
+            cached = n - p
+            catch_up = np.zeros((p, mask.shape[1]), dtype=bool)
+            for i in range(p):
+                catch_up[i, :cached + i + 1] = True
+            mask = np.concatenate([catch_up, mask])
+            positions = np.concatenate([np.arange(cached, n), positions])
+            tokens = np.concatenate([np.asarray(self.pending, dtype=np.int64), tokens])
+            self.pending = []
+        logits = self.model(torch.from_numpy(tokens), torch.from_numpy(positions), torch.from_numpy(mask),
+                            self.cache)
+        return logits[p:]
 
     def expand(self, tree: TokenTree, nodes: list[int], topk: int) -> tuple[np.ndarray, np.ndarray]:
         """One draft forward over `nodes`: their top-`topk` next tokens
@@ -128,21 +149,16 @@ class ModelDrafter:
     # -- after verification -------------------------------------------------------------
 
     def commit(self, tree: TokenTree, accepted: list[int], next_token: int) -> None:
-        """Keep the draft rows of the root and the accepted path; feed the path's
-        nodes that were never run through the draft (at most a suffix)."""
+        """Keep the draft rows of the root and the accepted path; the path's nodes
+        that never ran through the draft (at most a suffix) become pending."""
         rows = self._tree_rows if self._tree_rows is not None else [self._rows.get(i, -1) for i in range(len(tree))]
         path = [0] + list(accepted)
         keep = [rows[j] for j in path if rows[j] >= 0]
         missing = [j for j in path if rows[j] < 0]
         if missing and path[-len(missing):] != missing:
             raise RuntimeError("draft rows missing inside the accepted path")
-        n = self._committed
         if self._order:
+            n = self._committed
             self.cache.compact(torch.cat([torch.arange(n), n + torch.tensor(keep, dtype=torch.long)]))
-        if missing:                             # a path suffix the draft has not seen
-            pos = self.cache.length
-            toks = torch.tensor([tree.token(j) for j in missing])
-            m = len(missing)
-            mask = torch.ones(m, pos + m, dtype=torch.bool).tril(diagonal=pos)
-            self.model(toks, torch.arange(pos, pos + m), mask, self.cache)
+        self.pending.extend(tree.token(j) for j in missing)
         self.start_tree()
