@@ -99,9 +99,10 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
     width = 0.8 / len(MODES)
+    others = iter(["tab:gray", "tab:blue", "tab:cyan", "tab:orange", "tab:olive", "tab:brown", "tab:purple"])
     for i, mode in enumerate(MODES):
         xs = [j + (i - len(MODES) / 2) * width + width / 2 for j in range(len(rows))]
-        color = "tab:red" if mode == "lever" else None
+        color = "tab:red" if mode == "lever" else next(others)
         ax1.bar(xs, [r["tokens_per_s"][mode] for r in rows], width, label=mode, color=color)
     ax1.set_xticks(range(len(rows)), [f"{r['setting']}: {r['label']}" for r in rows], fontsize=8)
     ax1.set_ylabel("decode tokens/s")
@@ -130,9 +131,13 @@ def main() -> None:
     ap.add_argument("--settings", default="abcd", help="which settings to run (default abcd)")
     ap.add_argument("--drop-caches", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--replot", action="store_true", help="only redraw adaptivity.png from adaptivity.json in --out")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        plot(json.loads((out / "adaptivity.json").read_text())["settings"], out / "adaptivity.png")
+        return
     manifest = StoreManifest.load(args.store)
     kv = 1024                          # a bench's KV rows: prompts + new tokens + a 255-node tree, rounded up
     half = manifest.config.n_layers // 2
