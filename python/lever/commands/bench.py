@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LeverError, StoreError
+from .options import add_reader_options, add_target_choice
 
 QUICK = dict(prompts=2, new_tokens=16, modes=["ar", "chain:4", "tree:16"])
 FULL = dict(prompts=10, new_tokens=64, modes=["ar", "chain:4", "chain:6", "chain:8", "tree:16", "tree:32", "tree:64"])
@@ -104,12 +105,7 @@ def add_parser(subparsers) -> None:
         "bench", help="benchmark decoding modes over a fixed prompt set",
         description="Run ar, chain and tree speculative decoding over the same fixed prompts (one process, "
                     "modes interleaved per prompt); print a table and write JSON and a PNG chart.")
-    target = p.add_mutually_exclusive_group()
-    target.add_argument("--target-store", default=None, metavar="DIR",
-                        help="stream the target from this flash store (see `lever convert`)")
-    target.add_argument("--target", default=None, metavar="NAME",
-                        help="an in-memory target: registered model name, GGUF file or checkpoint dir "
-                             "(default when no --target-store: smollm2-135m)")
+    add_target_choice(p)
     p.add_argument("--draft", default="ngram", metavar="NAME",
                    help="draft model kept in DRAM (registered name or path), or 'ngram' (default)")
     p.add_argument("--dram-budget", default="600MB", metavar="SIZE",
@@ -132,13 +128,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--kernels", default="native", choices=["native", "torch"],
                    help="native: quantised matrices stay quantised and Lever's kernels multiply them "
                         "(default); torch: dequantise them to --dtype and use torch matmul")
-    p.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
-                   help="flash reader backend (default auto)")
-    p.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
-                   help="extents kept in flight ahead of the computing layer (default 2)")
-    p.add_argument("--read-limit", default="0", metavar="RATE",
-                   help="cap flash reads of --target-store to emulate slower flash, e.g. 200MB/s, 1.5GiB/s or "
-                        "bytes/s (default 0 = unlimited)")
+    add_reader_options(p)
     p.add_argument("--drop-caches", action="store_true",
                    help="drop the OS page cache once before the first timed run (needs root; reported)")
     p.add_argument("--resident", action="store_true",

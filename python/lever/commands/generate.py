@@ -10,6 +10,7 @@ import torch
 
 from ..api import DEFAULT_MODEL, load
 from ..errors import LeverError
+from .options import add_reader_options
 
 
 def add_parser(subparsers) -> None:
@@ -56,13 +57,7 @@ def add_parser(subparsers) -> None:
                       help="mode lever: children the draft offers per expanded node (default 4)")
     spec.add_argument("--reprofile", action="store_true",
                       help="mode lever: measure the device profile again even if one is cached")
-    flash.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
-                       help="flash reader backend (auto: io_uring, else a pread thread pool)")
-    flash.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
-                       help="extents kept in flight ahead of the computing layer (default 2)")
-    flash.add_argument("--read-limit", default="0", metavar="RATE",
-                       help="cap flash reads to emulate slower flash, e.g. 200MB/s, 1.5GiB/s or bytes/s "
-                            "(default 0 = unlimited)")
+    add_reader_options(flash)
     flash.add_argument("--drop-caches", action="store_true",
                        help="drop the OS page cache before the run (needs root; the result is reported)")
     p.add_argument("--json", action="store_true",

@@ -9,6 +9,7 @@ import json
 import sys
 
 from ..errors import LeverError
+from .options import add_reader_options, add_target_choice
 
 
 def add_parser(subparsers) -> None:
@@ -17,12 +18,7 @@ def add_parser(subparsers) -> None:
         description="Measure per-layer flash-read and compute times of the target, draft forward times and "
                     "per-iteration host work on this device; cache them per (models, store, backend, machine) "
                     "and print the predicted pass times.")
-    target = p.add_mutually_exclusive_group()
-    target.add_argument("--target-store", default=None, metavar="DIR",
-                        help="stream the target from this flash store (see `lever convert`)")
-    target.add_argument("--target", default=None, metavar="NAME",
-                        help="an in-memory target: registered model name, GGUF file or checkpoint dir "
-                             "(default when no --target-store: smollm2-135m)")
+    add_target_choice(p)
     p.add_argument("--draft", required=True, metavar="NAME",
                    help="draft model kept in DRAM (registered name or path); 'ngram' has nothing to measure")
     p.add_argument("--dram-budget", default="600MB", metavar="SIZE",
@@ -30,12 +26,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
     p.add_argument("--kernels", default="native", choices=["native", "torch"],
                    help="native: quantised matrices stay quantised (default); torch: dequantise, torch matmul")
-    p.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
-                   help="flash reader backend (default auto)")
-    p.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
-                   help="extents kept in flight ahead of the computing layer (default 2)")
-    p.add_argument("--read-limit", default="0", metavar="RATE",
-                   help="cap flash reads to emulate slower flash, e.g. 200MB/s (default 0 = unlimited)")
+    add_reader_options(p)
     p.add_argument("--max-n", type=int, default=256, metavar="N",
                    help="largest tree (tokens per target pass) to measure (default 256)")
     p.add_argument("--force", action="store_true", help="measure again even if a cached profile exists")
