@@ -336,12 +336,12 @@ def test_qwen_pair_bf16_greedy_is_exact(qwen05_path, qwen15_path, lever_cache):
     for i, text in enumerate(QWEN_PROMPTS):
         ids = tok.encode(tok.format_prompt(text))
         ref = generate_tokens(target, ids, 32, stop_ids=stop).token_ids
-        for mode in ("chain4", "tree16x4x6"):
+        for mode in ("chain4", "tree16x4x6", "lever"):
             got, stats = run_spec(target, ModelDrafter(draft), ids, 32, SPECS[mode], stop_ids=stop)
             check_greedy(target, ids, got, ref, f"qwen {mode} prompt {i}", divergences)
             acc.add(mode, stats)
     acc.report("qwen 0.5b->1.5b bf16")
-    assert acc.acc["chain4"] > 0 and acc.acc["tree16x4x6"] > 0
+    assert acc.acc["chain4"] > 0 and acc.acc["tree16x4x6"] > 0 and acc.acc["lever"] > 0
 
 
 # --- 2. sampling is distribution-exact --------------------------------------------
