@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from .cost.cost_model import CostModel
-from .cost.identity import model_identity, store_identity
+from .cost.identity import model_identity
 from .cost.profile import load_or_measure, profile_key
 from .draft.calibration import AcceptanceCalibration
 from .draft.gain_cost import GainCostPolicy
@@ -48,18 +48,19 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
                       dram_budget=dram_budget, dtype=dtype)
     profile = load_or_measure(target, drafter.model, key, cache_dir=cache_dir, force=force_profile,
                               progress=progress)
-    path = calibration_path(target, target_id, draft_path, kernels, dtype, params, cache_dir)
+    path = calibration_path(target_id, draft_path, kernels, dtype, params, cache_dir)
     policy = GainCostPolicy(CostModel(profile), load_calibration(path), max_nodes=max_nodes,
                             max_depth=max_depth, topk=topk)
     policy.calibration_path = path
     return policy
 
 
-def calibration_path(target, target_id, draft_id, kernels: str, dtype, params: SamplingParams,
+def calibration_path(target_id, draft_id, kernels: str, dtype, params: SamplingParams,
                      cache_dir=None) -> Path:
+    """The calibration file of a model pair (target_id: a store directory or a
+    model file; model_identity tells them apart) and sampling setting."""
     from .api import cache_root
-    ident = store_identity(target.store_dir) if hasattr(target, "store_dir") else model_identity(target_id)
-    key = {"target": ident, "draft": model_identity(draft_id), "kernels": kernels, "dtype": str(dtype),
+    key = {"target": model_identity(target_id), "draft": model_identity(draft_id), "kernels": kernels, "dtype": str(dtype),
            "sampling": "greedy" if params.greedy else
            {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
