@@ -25,7 +25,7 @@ import pytest
 import torch
 import transformers
 
-import lever.engine as engine
+import lever.verify.target_pass as target_pass
 from lever.draft.base import TreeShape
 from lever.draft.gain_cost import CostCurves, GainCostPolicy
 from lever.draft.model_drafter import ModelDrafter
@@ -517,7 +517,7 @@ def leviathan_without_residual(tree, logits, draft_probs, params, generator):
 ], ids=["tree-greedy-child", "leviathan-always-accept", "leviathan-no-residual"])
 def test_wrong_rule_is_rejected(tiny_pair, exact_reference, monkeypatch, kind, attr, wrong):
     target, draft = tiny_pair
-    monkeypatch.setattr(engine, attr, wrong)
+    monkeypatch.setattr(target_pass, attr, wrong)
     counts = sample_counts(make_draw(target, draft, kind), seed0=1_000_000 + 100_000 * len(wrong.__name__))
     pvalue, stat, dof, impossible = chi_square(counts, exact_reference, N_SAMPLES)
     print(f"wrong rule {wrong.__name__}: chi2 {stat:.1f} dof {dof} p-value {pvalue:.2e}")

@@ -20,10 +20,10 @@ import torch
 
 from .draft.base import Drafter, TreeShape
 from .errors import LeverError
-from .generate import GenerationResult, check_context, prefill
+from .generate import GenerationResult, check_context
 from .sampling import SamplingParams, make_generator
 from .tree import TokenTree
-from .verify.rules import verify_chain_leviathan, verify_greedy, verify_sampling_walk
+from .verify.target_pass import TargetVerifier
 
 MODES = ("ar", "chain", "tree", "lever")
 
@@ -96,94 +96,97 @@ class SpecStats:
         }
 
 
-def _io_counters(target) -> tuple[float, int]:
-    """(stall seconds, bytes read) so far, for a flash-streamed target; zeros otherwise."""
-    stats = getattr(target, "stats", None)
-    reader = getattr(target, "reader", None)
-    if stats is None or reader is None:
-        return 0.0, 0
-    return stats.stall_s, reader.stats()["bytes_read"] + stats.embedding_bytes
-
-
 def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
                          params: SamplingParams = SamplingParams(), spec: SpecConfig = SpecConfig(),
                          stop_ids: frozenset[int] = frozenset(),
                          on_token=None) -> tuple[GenerationResult, SpecStats]:
     """Generate with the target's exact output, using `drafter` to propose tokens."""
+    check_context(len(prompt_ids), max_new_tokens + spec.max_depth, target.config.max_context)
+    verifier = TargetVerifier(target, params, capacity=len(prompt_ids) + max_new_tokens + spec.max_tree_nodes + 2)
+    return run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
+
+
+def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
+                    params: SamplingParams = SamplingParams(), spec: SpecConfig = SpecConfig(),
+                    stop_ids: frozenset[int] = frozenset(),
+                    on_token=None) -> tuple[GenerationResult, SpecStats]:
+    """The speculative loop over any verifier: a `TargetVerifier` (the target in
+    this process) or a `lever.remote.client.RemoteVerifier` (a verifier server).
+    `verifier.start(prompt_ids)` prefills; `verifier.verify(tree, draft_probs)`
+    returns a `Verdict` and commits it.  A LeverError raised mid-run carries
+    what was generated so far in its `partial_result` attribute."""
     if spec.mode != "ar" and drafter is None:
         raise LeverError(f"mode {spec.mode} needs a drafter (--draft)")
-    check_context(len(prompt_ids), max_new_tokens + spec.max_depth, target.config.max_context)
+    check_context(len(prompt_ids), max_new_tokens + spec.max_depth, verifier.max_context)
     result, stats = GenerationResult(prompt_ids=list(prompt_ids)), SpecStats()
     if max_new_tokens <= 0:
         return result, stats
-    generator = make_generator(params)
+    generator = make_generator(params)            # the drafter's own draws (sampled chains)
     first_record = len(spec.policy.record.tree_sizes) if spec.mode == "lever" else 0
-    cache = target.new_cache(capacity=len(prompt_ids) + max_new_tokens + spec.max_tree_nodes + 2)
     t_start = time.perf_counter()
-    if len(prompt_ids) > 1:
-        prefill(target, prompt_ids[:-1], cache)
-    if drafter is not None:
-        drafter.reset(prompt_ids)
-    result.prefill_s = time.perf_counter() - t_start
-    t_decode = time.perf_counter()
-    root = prompt_ids[-1]
-    while True:
-        t0 = time.perf_counter()
-        draft_probs, grown = None, None
-        if spec.mode == "lever":
-            grown = spec.policy.draft(drafter, root)
-            tree = grown.tree
-        elif spec.mode == "tree":
-            tree = drafter.draft_tree(root, spec.tree)
-        elif spec.mode == "chain":
-            tree, draft_probs = drafter.draft_chain(root, spec.draft_len, params, generator)
-        else:
-            tree = TokenTree(root)
-        t1 = time.perf_counter()
-        n = cache.length
-        stall0, bytes0 = _io_counters(target)
-        logits = target(torch.from_numpy(tree.tokens()).long(), torch.from_numpy(tree.positions(n)),
-                        torch.from_numpy(tree.mask(n)), cache)
-        stall1, bytes1 = _io_counters(target)
-        t2 = time.perf_counter()
-        if params.greedy:
-            accepted, next_token = verify_greedy(tree, logits)
-        elif spec.mode == "chain":
-            if draft_probs is None:        # a deterministic draft: q is one-hot on its tokens
-                draft_probs = torch.zeros(len(tree) - 1, logits.shape[-1])
-                draft_probs[torch.arange(len(tree) - 1), torch.from_numpy(tree.tokens()[1:]).long()] = 1.0
-            accepted, next_token = verify_chain_leviathan(tree, logits, draft_probs, params, generator)
-        else:
-            accepted, next_token = verify_sampling_walk(tree, logits, params, generator)
-        cache.compact(torch.from_numpy(tree.compaction_indices(n, accepted)))
-        t3 = time.perf_counter()
+    try:
+        verifier.start(prompt_ids)
         if drafter is not None:
-            drafter.commit(tree, accepted, next_token)
-        t4 = time.perf_counter()
-        stats.iterations += 1
-        stats.draft_nodes += len(tree) - 1
-        stats.accepted += len(accepted)
-        stats.tree_sizes.append(len(tree) - 1)
-        stats.draft_s += (t1 - t0) + (t4 - t3)
-        stats.verify_s += t2 - t1
-        stats.stall_s += stall1 - stall0
-        stats.bytes_read += bytes1 - bytes0
-        stats.accept_s += t3 - t2
-        if grown is not None:
-            spec.policy.observe(grown, accepted, verify_s=t2 - t1, iteration_s=t4 - t0)
-        for tok in [tree.token(j) for j in accepted] + [next_token]:
-            result.token_ids.append(tok)
-            if on_token is not None:
-                on_token(tok)
-            if tok in stop_ids:
-                result.stop_reason = "eos"
+            drafter.reset(prompt_ids)
+        result.prefill_s = time.perf_counter() - t_start
+        t_decode = time.perf_counter()
+        root = prompt_ids[-1]
+        while True:
+            t0 = time.perf_counter()
+            draft_probs, grown = None, None
+            if spec.mode == "lever":
+                grown = spec.policy.draft(drafter, root)
+                tree = grown.tree
+            elif spec.mode == "tree":
+                tree = drafter.draft_tree(root, spec.tree)
+            elif spec.mode == "chain":
+                tree, draft_probs = drafter.draft_chain(root, spec.draft_len, params, generator)
+                if draft_probs is None and not params.greedy:   # a deterministic draft: q is one-hot
+                    draft_probs = one_hot_draft_probs(tree, verifier.vocab_size)
+            else:
+                tree = TokenTree(root)
+            t1 = time.perf_counter()
+            verdict = verifier.verify(tree, draft_probs)
+            accepted, next_token = verdict.accepted, verdict.next_token
+            t3 = time.perf_counter()
+            if drafter is not None:
+                drafter.commit(tree, accepted, next_token)
+            t4 = time.perf_counter()
+            stats.iterations += 1
+            stats.draft_nodes += len(tree) - 1
+            stats.accepted += len(accepted)
+            stats.tree_sizes.append(len(tree) - 1)
+            stats.draft_s += (t1 - t0) + (t4 - t3)
+            stats.verify_s += verdict.verify_s
+            stats.stall_s += verdict.stall_s
+            stats.bytes_read += verdict.bytes_read
+            stats.accept_s += verdict.accept_s
+            if grown is not None:
+                spec.policy.observe(grown, accepted, verify_s=verdict.verify_s, iteration_s=t4 - t0)
+            for tok in [tree.token(j) for j in accepted] + [next_token]:
+                result.token_ids.append(tok)
+                if on_token is not None:
+                    on_token(tok)
+                if tok in stop_ids:
+                    result.stop_reason = "eos"
+                    break
+                if len(result.token_ids) >= max_new_tokens:
+                    break
+            if result.stop_reason == "eos" or len(result.token_ids) >= max_new_tokens:
                 break
-            if len(result.token_ids) >= max_new_tokens:
-                break
-        if result.stop_reason == "eos" or len(result.token_ids) >= max_new_tokens:
-            break
-        root = next_token
-    result.decode_s = time.perf_counter() - t_decode
-    if spec.mode == "lever":
-        stats.policy = spec.policy.report(since=first_record)
+            root = next_token
+        result.decode_s = time.perf_counter() - t_decode
+    except LeverError as e:
+        e.partial_result = result
+        raise
+    finally:
+        if spec.mode == "lever":
+            stats.policy = spec.policy.report(since=first_record)
     return result, stats
+
+
+def one_hot_draft_probs(tree: TokenTree, vocab_size: int) -> torch.Tensor:
+    """q of a chain drafted deterministically: one-hot on each drafted token ([k, vocab])."""
+    probs = torch.zeros(len(tree) - 1, vocab_size)
+    probs[torch.arange(len(tree) - 1), torch.from_numpy(tree.tokens()[1:]).long()] = 1.0
+    return probs

@@ -1,0 +1,124 @@
+"""Verifying a draft tree with the target in this process: one target pass
+over [root + draft nodes], the exact acceptance rule, cache compaction.
+
+`TargetVerifier` is the scorer of the speculative loop (lever.engine) and,
+on the server side of edge-cloud mode, of every remote session
+(lever.remote.session).  It owns the target's KV cache for one sequence:
+the cache holds every committed token except the newest one, the *root*.
+
+Randomness of the sampling rules is drawn from a generator seeded per round
+from (the sequence's seed, the root's position), so a round's outcome
+depends only on the seed, the committed tokens and the tree -- the same
+here and on a verifier server, and again after a server restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import LeverError
+from ..generate import prefill
+from ..sampling import SamplingParams
+from ..tree import TokenTree
+from .rules import verify_chain_leviathan, verify_greedy, verify_sampling_walk
+
+
+@dataclass
+class Verdict:
+    """The outcome of verifying one tree.  Seconds are wall time; bytes are bytes."""
+
+    accepted: list[int]          # accepted tree nodes, root excluded, root to leaf
+    next_token: int              # the target's own token after the accepted path
+    verify_s: float = 0.0        # the whole verification as the loop saw it (a remote round trip included)
+    stall_s: float = 0.0         # part of it spent waiting on flash (a streamed target)
+    bytes_read: int = 0          # flash bytes read for it
+    accept_s: float = 0.0        # acceptance rule + cache compaction
+
+
+def round_seed(seed: int, position: int) -> int:
+    """The seed of the round whose root sits at `position` (a 63-bit int)."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def io_counters(target) -> tuple[float, int]:
+    """(stall seconds, bytes read) so far, for a flash-streamed target; zeros otherwise."""
+    stats = getattr(target, "stats", None)
+    reader = getattr(target, "reader", None)
+    if stats is None or reader is None:
+        return 0.0, 0
+    return stats.stall_s, reader.stats()["bytes_read"] + stats.embedding_bytes
+
+
+class TargetVerifier:
+    """One sequence's target state: `start(prompt_ids)` prefills, then each
+    `verify(tree)` scores a tree under the root and commits its outcome.
+
+    params: the sampling settings (temperature 0 = greedy); seed: the base of
+    the per-round seeds (params.seed, else a random one); capacity: KV rows
+    to allocate (prompt + new tokens + the largest tree + 2)."""
+
+    def __init__(self, target, params: SamplingParams, capacity: int, seed: int | None = None):
+        self.target, self.params = target, params
+        base = seed if seed is not None else params.seed
+        self.seed = int(base) if base is not None else int(torch.seed()) >> 1
+        self.cache = target.new_cache(capacity=capacity)
+        self.root: int | None = None
+        self.calls = 0               # target passes over trees (prefill excluded)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.config.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        """Tokens a sequence may hold (prompt, new tokens and a tree's depth)."""
+        return self.target.config.max_context
+
+    @property
+    def position(self) -> int:
+        """The root's position: committed tokens before it."""
+        return self.cache.length
+
+    def start(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise LeverError("the prompt is empty (0 tokens)")
+        self.cache.truncate(0)
+        if len(prompt_ids) > 1:
+            prefill(self.target, list(prompt_ids[:-1]), self.cache)
+        self.root = int(prompt_ids[-1])
+
+    def verify(self, tree: TokenTree, draft_probs: torch.Tensor | None = None) -> Verdict:
+        """Score `tree` (node 0 = the root), apply the exact rule and commit.
+        draft_probs: for a chain drawn by sampling, q of each drafted token's
+        position ([k, vocab]) -- the Leviathan rule; otherwise the rule is the
+        greedy walk or the sampling walk, which need no draft distribution."""
+        if self.root is None:
+            raise LeverError("TargetVerifier.verify before start")
+        if tree.token(0) != self.root:
+            raise LeverError(f"the tree's root is token {tree.token(0)}, but the sequence's root is {self.root}")
+        t0 = time.perf_counter()
+        n = self.cache.length
+        stall0, bytes0 = io_counters(self.target)
+        logits = self.target(torch.from_numpy(tree.tokens()).long(), torch.from_numpy(tree.positions(n)),
+                             torch.from_numpy(tree.mask(n)), self.cache)
+        stall1, bytes1 = io_counters(self.target)
+        t1 = time.perf_counter()
+        if self.params.greedy:
+            accepted, next_token = verify_greedy(tree, logits)
+        else:
+            generator = torch.Generator()
+            generator.manual_seed(round_seed(self.seed, n))
+            if draft_probs is not None:
+                accepted, next_token = verify_chain_leviathan(tree, logits, draft_probs, self.params, generator)
+            else:
+                accepted, next_token = verify_sampling_walk(tree, logits, self.params, generator)
+        self.cache.compact(torch.from_numpy(tree.compaction_indices(n, accepted)))
+        self.root = int(next_token)
+        self.calls += 1
+        return Verdict(accepted, int(next_token), verify_s=t1 - t0, stall_s=stall1 - stall0,
+                       bytes_read=bytes1 - bytes0, accept_s=time.perf_counter() - t1)
