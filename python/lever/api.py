@@ -38,6 +38,7 @@ class Completion:
     result: GenerationResult
     load_s: float = 0.0
     spec: object = None             # lever.engine.SpecStats of a speculative run
+    remote: dict | None = None      # edge-cloud mode: target calls, bytes, round trips (lever.remote)
 
     @property
     def token_ids(self) -> list[int]:
@@ -60,6 +61,7 @@ class Completion:
                 "tokens_per_s": round(len(r.token_ids) / r.decode_s, 2) if r.decode_s else None,
             },
             **({"speculative": self.spec.to_json(len(r.token_ids))} if self.spec is not None else {}),
+            **({"remote": self.remote} if self.remote is not None else {}),
         }
 
 
@@ -81,23 +83,32 @@ class LoadedModel:
 
     def generate(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
-                 on_text: Callable[[str], None] | None = None, drafter=None, spec=None) -> Completion:
+                 on_text: Callable[[str], None] | None = None, drafter=None, spec=None, verifier=None,
+                 prompt_ids: list[int] | None = None) -> Completion:
         """Generate a completion of `prompt` (wrapped in the chat template when the
-        model has one and `chat`). `on_text` receives the text as it is produced.
+        model has one and `chat`; `prompt_ids` replaces the encoded prompt).
+        `on_text` receives the text as it is produced.
         With `drafter` and `spec` (a `lever.engine.SpecConfig`) decoding is
-        speculative; the output is the same as without."""
+        speculative; the output is the same as without.  With `verifier` (a
+        `lever.remote.client.RemoteVerifier`) the target is the verifier's and
+        this model only drafts and tokenizes (see lever.remote.edge)."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        ids = self.prompt_ids(prompt, chat)
+        ids = list(prompt_ids) if prompt_ids is not None else self.prompt_ids(prompt, chat)
         stream = IncrementalDecoder(self.tokenizer, skip_special_tokens=True) if on_text else None
         on_token = (lambda t: on_text(stream.push(t))) if stream else None
         spec_stats = None
-        if spec is None:
+        if spec is None and verifier is None:
             result = generate_tokens(self.model, ids, max_new_tokens, params,
                                      stop_ids=self.tokenizer.eos_token_ids, on_token=on_token)
-        else:
+        elif verifier is None:
             from .engine import speculative_generate
             result, spec_stats = speculative_generate(self.model, drafter, ids, max_new_tokens, params, spec,
                                                       stop_ids=self.tokenizer.eos_token_ids, on_token=on_token)
+        else:
+            from .engine import SpecConfig, run_speculative
+            result, spec_stats = run_speculative(verifier, drafter, ids, max_new_tokens, params,
+                                                 spec or SpecConfig("ar"), stop_ids=self.tokenizer.eos_token_ids,
+                                                 on_token=on_token)
         if stream:
             on_text(stream.flush())
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)

@@ -10,12 +10,12 @@ from .errors import LeverError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .commands import bench, convert, generate, models, profile
+    from .commands import bench, convert, generate, models, profile, serve_verifier
 
     parser = argparse.ArgumentParser(prog="lever", description="Speculative LLM inference with a flash-resident target.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for command in (generate, convert, models, bench, profile):
+    for command in (generate, convert, models, bench, profile, serve_verifier):
         command.add_parser(sub)
     return parser
 

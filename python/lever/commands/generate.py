@@ -58,6 +58,14 @@ def add_parser(subparsers) -> None:
     spec.add_argument("--reprofile", action="store_true",
                       help="mode lever: measure the device profile again even if one is cached")
     add_reader_options(flash)
+    remote = p.add_argument_group("edge-cloud: the target on a verifier server (`lever serve-verifier`)")
+    remote.add_argument("--remote", default=None, metavar="URL",
+                        help="verify on the server at URL (http://HOST:PORT); --draft drafts and tokenizes here "
+                             "(default mode lever; --mode ar is target-only remote decoding)")
+    remote.add_argument("--token-file", default=None, metavar="F", help="file holding the server's bearer token")
+    remote.add_argument("--retry-deadline", type=float, default=30.0, metavar="SECONDS",
+                        help="keep retrying an unanswered request this long, then stop with what was "
+                             "generated (default 30)")
     flash.add_argument("--drop-caches", action="store_true",
                        help="drop the OS page cache before the run (needs root; the result is reported)")
     p.add_argument("--json", action="store_true",
@@ -74,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     except ValueError as e:
         raise LeverError(str(e)) from None
+    if args.remote:
+        return run_remote(args, prompt)
     page_cache = None
     if args.target_store:
         from ..api import load_store
@@ -151,6 +161,59 @@ def run(args: argparse.Namespace) -> int:
                   f"(max {lv['tree_size']['max']}), accepted length predicted "
                   f"{lv['accepted_length']['predicted_mean']:.2f} / realised {lv['accepted_length']['realised_mean']:.2f}]",
                   file=sys.stderr)
+    return 0
+
+
+def run_remote(args: argparse.Namespace, prompt: str) -> int:
+    """Draft here, verify on the server at --remote."""
+    from ..draft.base import TreeShape
+    from ..remote.edge import RemoteTarget
+    from .serve_verifier import read_token
+
+    if not args.draft or args.draft == "ngram":
+        raise LeverError("--remote needs --draft NAME: a draft model that drafts and tokenizes on this device")
+    if args.target_store:
+        raise LeverError("--remote and --target-store both name a target; choose one")
+    try:
+        shape = TreeShape(args.tree_budget, args.tree_topk, args.tree_depth)
+    except ValueError as e:
+        raise LeverError(str(e)) from None
+    mode = args.mode or "lever"
+    target = RemoteTarget(args.remote, draft=args.draft, token=read_token(args.token_file) if args.token_file else None,
+                          mode=mode, draft_len=args.draft_len, tree=shape, max_nodes=args.lever_max_nodes,
+                          max_depth=args.lever_max_depth, topk=args.lever_topk, retry_deadline_s=args.retry_deadline,
+                          cache_dir=args.cache_dir)
+
+    def stream(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        completion = target.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                     top_p=args.top_p, top_k=args.top_k, seed=args.seed, chat=not args.no_chat,
+                                     on_text=None if args.json else stream)
+    except LeverError as e:
+        partial = getattr(e, "partial_result", None)
+        if partial is not None:
+            if args.json:
+                print(json.dumps({"error": str(e), "token_ids": partial.token_ids, "text": e.partial_text,
+                                  "new_tokens": len(partial.token_ids), "remote": e.remote, "mode": mode}))
+            else:
+                sys.stdout.write("\n")
+            print(f"lever: the {len(partial.token_ids)} tokens generated before the failure are kept above",
+                  file=sys.stderr)
+        raise
+    if args.json:
+        out = completion.to_json()
+        out.update(model=f"{args.remote} ({target.info.get('model')})", mode=mode, draft=args.draft)
+        print(json.dumps(out))
+    else:
+        sys.stdout.write("\n")
+        r, rm = completion.result, completion.remote
+        print(f"[{len(r.token_ids)} tokens, decode {r.decode_tokens_per_s:.1f} tokens/s, {rm['target_calls']} target "
+              f"calls ({rm['target_calls_per_token']:.3f} per token), round trip {rm['round_trip_ms']['mean']:.1f} ms "
+              f"on average, {rm['retries']} retries, {rm['rebuilds']} session rebuilds]" if rm["round_trip_ms"] else
+              f"[{len(r.token_ids)} tokens]", file=sys.stderr)
     return 0
 
 

@@ -56,7 +56,7 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
     streamed = hasattr(target, "plan")
     io = _measure_io(target, say) if streamed else {}
     times = _measure_target(target, n_grid, ctx, repeats, rng, say)
-    draft_s = _measure_draft(draft_model, draft_grid, ctx, repeats, rng, say)
+    draft_s = forward_seconds(draft_model, draft_grid, ctx, repeats, rng, say)
     overhead = _measure_overhead(target, draft_model, ctx, rng)
     say(f"profile: iteration overhead {overhead * 1e3:.2f} ms (a {OVERHEAD_NODES}-node tree)")
     stages = _stages(target, times, io, len(n_grid))
@@ -152,8 +152,10 @@ def _measure_target(model, n_grid: list[int], ctx: int, repeats: int, rng, say) 
     return out
 
 
-def _measure_draft(model, grid: list[int], ctx: int, repeats: int, rng, say) -> list[float]:
-    """Median seconds of one draft forward over f tree nodes, per grid point."""
+def forward_seconds(model, grid: list[int], ctx: int, repeats: int, rng, say, label: str = "draft") -> list[float]:
+    """Median seconds of one forward of `model` over a random f-node tree after
+    `ctx` context tokens, per grid point f (the draft curve of a profile; a
+    verifier server's published verify curve)."""
     vocab = model.config.vocab_size
     cache = _context_cache(model, ctx, grid[-1], rng)
     _tree_forward(model, random_tree(grid[0], vocab, rng), cache)            # warm-up
@@ -166,7 +168,7 @@ def _measure_draft(model, grid: list[int], ctx: int, repeats: int, rng, say) -> 
             _tree_forward(model, tree, cache)
             samples.append(time.perf_counter() - t0)
         out.append(statistics.median(samples))
-        say(f"profile: draft f={f:<4d} {out[-1] * 1e3:9.1f} ms")
+        say(f"profile: {label} f={f:<4d} {out[-1] * 1e3:9.1f} ms")
     return out
 
 

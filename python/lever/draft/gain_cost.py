@@ -75,12 +75,19 @@ class GainCostPolicy:
         self.cost = cost
         self.calibration = calibration or AcceptanceCalibration()
         self.max_nodes, self.max_depth, self.topk, self.adapt = max_nodes, max_depth, topk, adapt
-        self._verify_s = np.asarray(cost.verify_s(max_nodes + 1), dtype=np.float64)
-        self._draft_s = np.asarray(cost.draft_s(max(max_nodes + 1, 1)), dtype=np.float64)
         self._overhead_s = float(cost.iteration_overhead_s)
-        self.verify_factor = 1.0
         self.draft_factor = 1.0
+        self._read_cost()
         self.record = LeverRecord()
+
+    def _read_cost(self) -> None:
+        """Take the cost curves (again). A cost model that learns by itself (a
+        remote verifier's, lever.remote.cost) bumps its `revision`; its verify
+        curve then replaces the online correction."""
+        self._verify_s = np.asarray(self.cost.verify_s(self.max_nodes + 1), dtype=np.float64)
+        self._draft_s = np.asarray(self.cost.draft_s(max(self.max_nodes + 1, 1)), dtype=np.float64)
+        self.verify_factor = 1.0
+        self._cost_revision = getattr(self.cost, "revision", None)
 
     # -- one iteration ----------------------------------------------------------------
 
@@ -104,6 +111,8 @@ class GainCostPolicy:
         must catch up on)."""
         if not hasattr(drafter, "expand"):
             raise LeverError("mode lever needs a draft model (prompt lookup has no probabilities to calibrate)")
+        if getattr(self.cost, "revision", None) != self._cost_revision:
+            self._read_cost()
         grower = self.grower()
         t_grow = time.perf_counter()
         drafter.start_tree()

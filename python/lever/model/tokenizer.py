@@ -456,6 +456,13 @@ class Tokenizer:
         )
         return cls(tok, info)
 
+    def fingerprint(self) -> str:
+        """A digest of the id <-> token mapping (added tokens included): two
+        tokenizers with the same fingerprint give every id the same meaning."""
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        pairs = sorted(((i, t) for t, i in vocab.items()))
+        return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
     # ------------------------------------------------------------------ ids <-> text
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:

@@ -1,0 +1,127 @@
+"""`lever serve-verifier`: host a target for edge clients (lever.remote.server)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import LeverError
+from .options import add_reader_options
+
+VERIFY_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve-verifier", help="host a target model that verifies edge clients' drafts",
+        description="Serve a target model over HTTP for `lever generate --remote URL`: clients draft "
+                    "locally and send token trees; this server verifies them exactly (greedy or sampling) "
+                    "and keeps each session's KV cache.")
+    p.add_argument("--model", required=True, metavar="NAME_OR_STORE",
+                   help="registered model name, GGUF file, checkpoint dir, or a flash store (`lever convert`)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other "
+                                                       "address needs --token-file)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--token-file", default=None, metavar="F",
+                   help="file holding the bearer token clients must send (Authorization: Bearer ...)")
+    p.add_argument("--max-sessions", type=int, default=16, metavar="N", help="open sessions at most (default 16)")
+    p.add_argument("--max-session-tokens", type=int, default=4096, metavar="N",
+                   help="tokens per session at most: prompt, generated and a tree (default 4096)")
+    p.add_argument("--max-tree-nodes", type=int, default=256, metavar="N",
+                   help="nodes per verified tree at most, root included (default 256)")
+    p.add_argument("--idle-ttl", type=float, default=600.0, metavar="SECONDS",
+                   help="close a session unused for this long (default 600)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="BYTES",
+                   help="largest request body (default 1 MiB)")
+    p.add_argument("--dram-budget", default="600MB", metavar="SIZE",
+                   help="a flash store's DRAM budget: pinned layers, buffers, KV caches (default 600MB)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
+    p.add_argument("--kernels", default="native", choices=["native", "torch"])
+    p.add_argument("--cache-dir", default=None, help="where assembled models and tokenizers are cached")
+    add_reader_options(p)
+    p.set_defaults(run=run)
+
+
+def read_token(path: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise LeverError(f"--token-file {path}: cannot be read ({e.strerror or e})") from None
+    if not token or any(c.isspace() for c in token):
+        raise LeverError(f"--token-file {path}: expected one token without spaces")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    """True if every address `host` resolves to is a loopback address."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror as e:
+        raise LeverError(f"--host {host}: cannot be resolved ({e})") from None
+    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def load_target(args):
+    """(LoadedModel, name): a store streamed under --dram-budget, else a model in DRAM."""
+    from ..api import load, load_store
+    from ..store.manifest import MANIFEST
+    path = Path(args.model)
+    if path.is_dir() and (path / MANIFEST).is_file():
+        loaded = load_store(path, args.dram_budget, dtype=args.dtype, backend=args.reader,
+                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
+                            kv_tokens=max(2048, args.max_session_tokens), quantized=args.kernels == "native",
+                            max_read_bytes_per_s=args.read_limit)
+    else:
+        loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, quantized=args.kernels == "native")
+    return loaded, path.name if path.exists() else args.model
+
+
+def measure_verify_cost(model, max_nodes: int, say) -> dict:
+    """Seconds of one target pass over n tree tokens, for the clients' tree sizing."""
+    from ..cost.measure import forward_seconds
+    grid = [n for n in VERIFY_GRID if n <= max_nodes]
+    seconds = forward_seconds(model, grid, ctx=128, repeats=2, rng=np.random.default_rng(0), say=say,
+                              label="verify")
+    return {"n": grid, "s": [round(s, 6) for s in seconds]}
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..remote.protocol import Limits
+    from ..remote.server import VerifierServer, serve_forever
+
+    token = read_token(args.token_file) if args.token_file else None
+    if token is None and not is_loopback(args.host):
+        raise LeverError(f"refusing to serve on {args.host} without authentication: pass --token-file F "
+                         f"(or bind 127.0.0.1)")
+    if not 0 <= args.port < 65536:
+        raise LeverError(f"--port must be in 0..65535, got {args.port}")
+    try:
+        limits = Limits(max_sessions=args.max_sessions, max_session_tokens=args.max_session_tokens,
+                        max_tree_nodes=args.max_tree_nodes, idle_ttl_s=args.idle_ttl,
+                        max_body_bytes=args.max_body_bytes)
+    except ValueError as e:
+        raise LeverError(str(e)) from None
+
+    def say(line: str) -> None:
+        print(f"lever serve-verifier: {line}", file=sys.stderr, flush=True)
+
+    loaded, name = load_target(args)
+    verify_cost = measure_verify_cost(loaded.model, limits.max_tree_nodes, say)
+    server = VerifierServer(loaded.model, name, limits, token=token, verify_cost=verify_cost,
+                            tokenizer=loaded.tokenizer.fingerprint(), log=say)
+
+    def ready(port: int) -> None:
+        say(f"serving {name} on http://{args.host}:{port} (protocol v1, "
+            f"{'bearer token' if token else 'no authentication, loopback only'}; up to {limits.max_sessions} "
+            f"sessions of {server.session_capacity} tokens, trees of {limits.max_tree_nodes} nodes)")
+
+    try:
+        serve_forever(server, args.host, args.port, on_ready=ready)
+    except OSError as e:
+        raise LeverError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}") from None
+    return 0

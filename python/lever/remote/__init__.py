@@ -1,0 +1,9 @@
+"""Edge-cloud mode (DESIGN.md section 8): a verifier server hosting the target
+(`lever serve-verifier`, server.py), the token-only protocol (protocol.py),
+the edge client (client.py, edge.py), the cost of a remote round for the
+gain-cost policy (cost.py), and a loopback delay/loss proxy (netem.py)."""
+
+from .client import RemoteVerifier, RemoteVerifierError, VerifierUnreachableError
+from .edge import RemoteTarget
+
+__all__ = ["RemoteTarget", "RemoteVerifier", "RemoteVerifierError", "VerifierUnreachableError"]

@@ -1,0 +1,288 @@
+"""The edge side of edge-cloud mode: `RemoteVerifier` sends each drafted tree
+to a verifier server (protocol.py) and returns the server's verdict, with
+the interface of `lever.verify.target_pass.TargetVerifier`, so the same
+speculative loop (`lever.engine.run_speculative`) drives both.
+
+Faults it absorbs:
+- a lost request or answer, a refused or reset connection, a 5xx or 429:
+  retried with exponential backoff until `retry_deadline_s`; a retried round
+  carries the same round number, so the server replays its stored answer
+  instead of committing twice;
+- an unknown session (the server restarted, or the session expired): a new
+  session is opened from the committed tokens (the prompt plus everything
+  accepted so far) with the same seed, and the round is sent again; the
+  per-round seeds depend on positions, not on sessions, so the output is
+  what it would have been.
+What it does not absorb: a server that stays unreachable past the deadline
+raises `VerifierUnreachableError` (the loop keeps what it generated), and a
+4xx refusal raises `RemoteVerifierError` with the server's message.  There
+is no fallback to the draft's own tokens.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import secrets
+import time
+import urllib.parse
+
+import numpy as np
+
+from ..errors import LeverError
+from ..sampling import SamplingParams
+from ..tree import TokenTree
+from ..verify.target_pass import Verdict
+from .protocol import MAX_SEED, VERSION
+
+RETRYABLE = {429, 500, 502, 503, 504}
+
+
+class RemoteVerifierError(LeverError):
+    """The verifier refused a request (`status`, `code` from the server) or broke the protocol."""
+
+    def __init__(self, message: str, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+class VerifierUnreachableError(RemoteVerifierError):
+    """The verifier did not answer within the retry deadline."""
+
+
+class RemoteVerifier:
+    """A verifier server seen as a `TargetVerifier`.
+
+    url: http(s)://host:port of `lever serve-verifier`; token: its bearer token;
+    params: sampling settings (the server applies them); timeout_s: seconds
+    one HTTP exchange may take; retry_deadline_s: seconds to keep retrying one
+    request before giving up; backoff_s / max_backoff_s: first and largest
+    pause between retries (seconds, doubling); cost: a lever.remote.cost.RemoteCost
+    that learns from every round (mode lever)."""
+
+    def __init__(self, url: str, params: SamplingParams = SamplingParams(), token: str | None = None,
+                 timeout_s: float = 120.0, retry_deadline_s: float = 30.0, backoff_s: float = 0.05,
+                 max_backoff_s: float = 2.0, cost=None):
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise LeverError(f"--remote {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        self.url = url
+        self._https = parsed.scheme == "https"
+        self._host, self._port = parsed.hostname, parsed.port or (443 if self._https else 80)
+        self.params, self.token = params, token
+        self.timeout_s, self.retry_deadline_s = timeout_s, retry_deadline_s
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.seed = params.seed if params.seed is not None else random.SystemRandom().randint(0, MAX_SEED)
+        self._conn: http.client.HTTPConnection | None = None
+        self.session: str | None = None
+        self.round = 0
+        self.committed: list[int] = []
+        self.stats = ClientStats()
+        self.cost = cost
+        self.info = self._request("GET", "/v1/info")
+
+    # -- what the loop needs -----------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.info["vocab_size"])
+
+    @property
+    def max_context(self) -> int:
+        return int(self.info["max_context"])
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """Nodes per tree the server accepts, root included."""
+        return int(self.info["limits"]["max_tree_nodes"])
+
+    def ping_s(self, count: int = 3) -> float:
+        """Median seconds of `count` health-check round trips (the network's share of a round)."""
+        times = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            self._request("GET", "/v1/health")
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    def check_tokenizer(self, fingerprint: str | None) -> None:
+        """Refuse a draft whose tokenizer gives ids other meanings than the target's."""
+        theirs = self.info.get("tokenizer")
+        if fingerprint and theirs and fingerprint != theirs:
+            raise LeverError(f"the draft's tokenizer ({fingerprint}) differs from the verifier's target's "
+                             f"({theirs}); the two models must share a vocabulary")
+
+    def start(self, prompt_ids: list[int]) -> None:
+        """Open a session on the server; its prefill of the prompt is one target call."""
+        self.close()
+        self.committed = [int(t) for t in prompt_ids]
+        self._open()
+
+    def verify(self, tree: TokenTree, draft_probs=None) -> Verdict:
+        """Have the server verify `tree` and commit its answer.  draft_probs is
+        ignored: the protocol is token-only (greedy or the sampling walk)."""
+        if self.session is None:
+            raise LeverError("RemoteVerifier.verify before start")
+        if len(tree) > self.max_tree_nodes:
+            raise LeverError(f"a tree of {len(tree)} nodes is over the verifier's cap of {self.max_tree_nodes}")
+        tokens, parents = tree.tokens().tolist(), tree.parents().tolist()
+        t0 = time.perf_counter()
+        while True:
+            try:
+                answer = self._request("POST", f"/v1/sessions/{self.session}/rounds",
+                                       {"round": self.round, "tokens": tokens, "parents": parents})
+                break
+            except RemoteVerifierError as e:
+                if e.status != 404:
+                    raise
+                self.stats.rebuilds += 1           # the server lost the session: rebuild it, send the round again
+                self._open()
+        elapsed = time.perf_counter() - t0
+        accepted, next_token = self._check_answer(tree, answer)
+        self.committed += [tree.token(j) for j in accepted] + [next_token]
+        self.round += 1
+        s = self.stats
+        s.rounds += 1
+        s.tree_tokens += len(tree)
+        s.round_trip_s.append(elapsed)
+        s.server_s.append(float(answer.get("server_s", 0.0)))
+        if self.cost is not None:
+            self.cost.observe(len(tree), elapsed, s.server_s[-1])
+        return Verdict(accepted, next_token, verify_s=elapsed)
+
+    def close(self) -> None:
+        """Close the session on the server (best effort: it expires anyway)."""
+        sid, self.session = self.session, None
+        if sid is not None:
+            try:
+                self._exchange("DELETE", f"/v1/sessions/{sid}", None)
+            except (OSError, http.client.HTTPException):
+                self._drop_connection()
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        p = self.params
+        sampling = {} if p.greedy else {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k}
+        answer = self._request("POST", "/v1/sessions", {"prompt": self.committed, "sampling": sampling,
+                                                        "seed": self.seed, "open_id": secrets.token_hex(8)})
+        self.session, self.round = answer["session"], 0
+        self.stats.sessions += 1
+        self.stats.prefill_tokens += len(self.committed)
+
+    def _check_answer(self, tree: TokenTree, answer: dict) -> tuple[list[int], int]:
+        accepted, next_token = answer.get("accepted"), answer.get("next")
+        if not isinstance(accepted, list) or type(next_token) is not int or not 0 <= next_token < self.vocab_size:
+            raise RemoteVerifierError(f"the verifier's answer is malformed: {answer!r}")
+        node = 0
+        for j in accepted:
+            if type(j) is not int or not 0 < j < len(tree) or tree.parent(j) != node:
+                raise RemoteVerifierError(f"the verifier accepted {accepted}, which is not a path of the tree")
+            node = j
+        return accepted, next_token
+
+    # -- HTTP with retries -----------------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        """One request, retried on transport failures and retryable statuses."""
+        deadline = time.monotonic() + self.retry_deadline_s
+        pause, attempts = self.backoff_s, 0
+        while True:
+            attempts += 1
+            try:
+                status, answer = self._exchange(method, path, body)
+            except (OSError, http.client.HTTPException) as e:
+                self._drop_connection()
+                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            else:
+                if status < 400:
+                    return answer
+                error = answer.get("error", {}) if isinstance(answer, dict) else {}
+                message = error.get("message", f"HTTP {status}")
+                if status not in RETRYABLE:
+                    raise RemoteVerifierError(f"the verifier refused {method} {path}: {status} {message}",
+                                              status=status, code=error.get("code"))
+                last = f"HTTP {status} {message}"
+            if time.monotonic() + pause > deadline:
+                raise VerifierUnreachableError(
+                    f"the verifier at {self.url} did not answer {method} {path} within "
+                    f"{self.retry_deadline_s:g} s ({attempts} attempts; last: {last})")
+            self.stats.retries += 1
+            time.sleep(pause * random.uniform(0.5, 1.0))
+            pause = min(pause * 2, self.max_backoff_s)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _exchange(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
+        """One HTTP exchange: (status, JSON answer).  Counts bytes both ways."""
+        payload = b"" if body is None else json.dumps({"v": VERSION, **body}, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        conn = self._connection()
+        conn.request(method, path, body=payload or None, headers=headers)
+        resp = conn.getresponse()
+        raw = resp.read()
+        s = self.stats
+        s.bytes_up += len(f"{method} {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n\r\n") + len(payload) + \
+            sum(len(k) + len(v) + 4 for k, v in headers.items())
+        s.bytes_down += len(f"HTTP/1.1 {resp.status} {resp.reason}\r\n\r\n") + len(raw) + \
+            sum(len(k) + len(v) + 4 for k, v in resp.getheaders())
+        if resp.getheader("Connection", "").lower() == "close":
+            self._drop_connection()
+        try:
+            answer = json.loads(raw) if raw else {}
+        except ValueError:
+            answer = {"error": {"message": raw[:200].decode(errors="replace")}}
+        return resp.status, answer
+
+
+class ClientStats:
+    """What one client sent and got. Seconds are seconds; bytes include HTTP headers."""
+
+    def __init__(self):
+        self.sessions = 0              # sessions opened (1 + rebuilds)
+        self.prefill_tokens = 0
+        self.rounds = 0                # target calls over trees
+        self.tree_tokens = 0           # tokens sent in trees (roots included)
+        self.retries = 0
+        self.rebuilds = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.round_trip_s: list[float] = []
+        self.server_s: list[float] = []
+
+    def to_json(self, new_tokens: int) -> dict:
+        rt, sv = self.round_trip_s, self.server_s
+        net = [a - b for a, b in zip(rt, sv)]
+        return {
+            "target_calls": self.rounds,
+            "target_calls_per_token": round(self.rounds / new_tokens, 4) if new_tokens else None,
+            "tokens_per_call": round(new_tokens / self.rounds, 3) if self.rounds else None,
+            "sessions": self.sessions, "rebuilds": self.rebuilds, "retries": self.retries,
+            "prefill_tokens": self.prefill_tokens, "tree_tokens": self.tree_tokens,
+            "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
+            "bytes_per_token": round((self.bytes_up + self.bytes_down) / new_tokens, 1) if new_tokens else None,
+            "round_trip_ms": _summary(rt), "server_ms": _summary(sv), "network_ms": _summary(net),
+        }
+
+
+def _summary(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    a = np.asarray(values) * 1e3
+    return {"mean": round(float(a.mean()), 3), "p50": round(float(np.percentile(a, 50)), 3),
+            "p90": round(float(np.percentile(a, 90)), 3), "max": round(float(a.max()), 3)}
+
+
+__all__ = ["ClientStats", "RemoteVerifier", "RemoteVerifierError", "VerifierUnreachableError"]

@@ -1,0 +1,66 @@
+"""The verification cost of a remote verifier, for the gain-cost policy.
+
+A round over an n-node tree costs network time plus the server's pass:
+
+    verify_s(n) = network_s + server_scale * server_curve(n)
+
+- `server_curve` is the curve the server measured at start-up and publishes
+  in /v1/info (seconds of one target pass over n tree tokens);
+- `network_s` starts from health-check round trips and then follows each
+  round's round-trip time minus the server time it reports;
+- `server_scale` follows the reported server time over the curve's value
+  (the server's load and its host work drift, the curve's shape holds).
+
+The draft curve (seconds of one draft forward over f nodes) is measured on
+this device.  Every update bumps `revision`; the policy re-reads the curves
+when it changes.  Seconds throughout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost.cost_model import interpolate
+
+LEARNING_RATE = 0.2            # weight of the newest observation
+
+
+class RemoteCost:
+    def __init__(self, server_curve: dict, draft_grid: list[int], draft_s: list[float], network_s: float,
+                 overhead_s: float = 0.0):
+        if not server_curve or len(server_curve.get("n", [])) != len(server_curve.get("s", [])) \
+                or not server_curve["n"]:
+            raise ValueError("the verifier published no verify cost curve")
+        self.server_grid = [int(n) for n in server_curve["n"]]
+        self.server_values = [float(s) for s in server_curve["s"]]
+        self.draft_grid, self.draft_values = list(draft_grid), list(draft_s)
+        self.network_s = max(0.0, float(network_s))
+        self.server_scale = 1.0
+        self.iteration_overhead_s = overhead_s
+        self.revision = 0
+
+    def server_s(self, n: int) -> float:
+        """Predicted server seconds of a round over n tree tokens (root included)."""
+        return float(interpolate(self.server_grid, self.server_values, np.array([n]))[0]) * self.server_scale
+
+    def verify_s(self, n_max: int) -> np.ndarray:
+        n = np.arange(1, n_max + 1)
+        return self.network_s + self.server_scale * interpolate(self.server_grid, self.server_values, n)
+
+    def draft_s(self, f_max: int) -> np.ndarray:
+        return interpolate(self.draft_grid, self.draft_values, np.arange(1, f_max + 1))
+
+    def observe(self, n: int, round_trip_s: float, server_s: float) -> None:
+        """Learn from one round over n tree tokens."""
+        if round_trip_s <= 0:
+            return
+        net = max(0.0, round_trip_s - server_s)
+        self.network_s += LEARNING_RATE * (net - self.network_s)
+        base = self.server_s(n) / self.server_scale
+        if server_s > 0 and base > 0:
+            self.server_scale += LEARNING_RATE * (server_s / base - self.server_scale)
+        self.revision += 1
+
+    def summary(self) -> dict:
+        return {"network_ms": round(self.network_s * 1e3, 3), "server_scale": round(self.server_scale, 4),
+                "verify_ms": {n: round(float(self.verify_s(n)[-1]) * 1e3, 2) for n in (1, 16, 64)}}

@@ -1,0 +1,135 @@
+"""Edge-cloud generation: a draft model on this device, the target behind a
+verifier server (`lever serve-verifier`).
+
+    from lever.remote import RemoteTarget
+    remote = RemoteTarget("http://127.0.0.1:8000", draft="qwen2.5-coder-0.5b")
+    out = remote.generate("Write a quicksort in Python.", max_new_tokens=64)
+    print(out.text, out.remote["target_calls_per_token"])
+
+Modes: "ar" (target-only remote decoding: one target call per token),
+"chain" (k drafted tokens), "tree" (a static tree) and "lever" (each tree
+sized by expected tokens per second, with the measured round trip plus the
+server's pass as the verification cost -- lever.remote.cost).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..api import Completion, LoadedModel, cache_root, load
+from ..cost.identity import model_identity
+from ..cost.measure import forward_seconds
+from ..draft.base import TreeShape
+from ..draft.gain_cost import GainCostPolicy
+from ..draft.model_drafter import ModelDrafter
+from ..engine import SpecConfig
+from ..errors import LeverError
+from ..policy import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES, DEFAULT_TOPK, load_calibration, save_calibration
+from ..sampling import SamplingParams
+from .client import RemoteVerifier
+from .cost import RemoteCost
+
+DRAFT_GRID = [1, 2, 4, 8, 16, 32, 64]       # draft forward sizes measured for mode lever
+
+
+class RemoteTarget:
+    """The target of a verifier server at `url`, drafted for by `draft` (a
+    registered name, a path, or a loaded model) on this device.
+
+    token: the server's bearer token; mode: ar | chain | tree | lever;
+    draft_len: chain length; tree: the static tree of mode tree;
+    max_nodes / max_depth / topk: mode lever's tree limits;
+    retry_deadline_s: seconds to keep retrying one request (then the
+    generation stops with VerifierUnreachableError, keeping its tokens)."""
+
+    def __init__(self, url: str, draft: str | LoadedModel = "qwen2.5-coder-0.5b", token: str | None = None,
+                 mode: str = "lever", draft_len: int = 4, tree: TreeShape = TreeShape(),
+                 max_nodes: int = DEFAULT_MAX_NODES, max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK,
+                 retry_deadline_s: float = 30.0, cache_dir=None, progress: bool = True):
+        self.draft = draft if isinstance(draft, LoadedModel) else load(draft, cache_dir=cache_dir, progress=progress)
+        self.url, self.token, self.retry_deadline_s = url, token, retry_deadline_s
+        self.spec_args = dict(mode=mode, draft_len=draft_len, tree=tree)
+        self.max_nodes, self.max_depth, self.topk = max_nodes, max_depth, topk
+        self.cache_dir, self.progress = cache_dir, progress
+        probe = self._connect(SamplingParams())
+        self.info = probe.info
+        probe.check_tokenizer(self.draft.tokenizer.fingerprint())
+        if self.draft.config.vocab_size > probe.vocab_size:
+            raise LeverError(f"the draft's vocabulary ({self.draft.config.vocab_size}) is larger than the "
+                             f"verifier's target's ({probe.vocab_size})")
+        self.drafter = ModelDrafter(self.draft.model, path=self.draft.path) if mode != "ar" else None
+        self._draft_curve: list[float] | None = None
+        self.policy: GainCostPolicy | None = None
+        self._policy_sampling = None
+        self.network_s = probe.ping_s() if mode == "lever" else None
+        probe.close()
+
+    def _connect(self, params: SamplingParams) -> RemoteVerifier:
+        return RemoteVerifier(self.url, params, token=self.token, retry_deadline_s=self.retry_deadline_s)
+
+    def _lever_policy(self, params: SamplingParams, verifier: RemoteVerifier) -> GainCostPolicy:
+        """The gain-cost policy with this link's cost, kept across generations
+        (per sampling setting, like its calibration file)."""
+        key = "greedy" if params.greedy else (params.temperature, params.top_p, params.top_k)
+        if self.policy is None or self._policy_sampling != key:
+            if self._draft_curve is None:
+                say = (lambda line: print(line, file=sys.stderr, flush=True)) if self.progress else (lambda _: None)
+                self._draft_curve = forward_seconds(self.draft.model, DRAFT_GRID, ctx=128, repeats=3,
+                                                    rng=np.random.default_rng(0), say=say)
+            cost = RemoteCost(self.info.get("verify_cost") or {}, DRAFT_GRID, self._draft_curve, self.network_s)
+            max_nodes = min(self.max_nodes, verifier.max_tree_nodes - 1)
+            path = remote_calibration_path(self.info, self.draft.path, params, self.cache_dir)
+            self.policy = GainCostPolicy(cost, load_calibration(path), max_nodes=max_nodes,
+                                         max_depth=self.max_depth, topk=self.topk)
+            self.policy.calibration_path = path
+            self._policy_sampling = key
+        else:
+            self.policy.cost.revision += 1          # re-read: the link may have changed between runs
+        return self.policy
+
+    def generate(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, chat: bool = True, on_text=None,
+                 prompt_ids: list[int] | None = None) -> Completion:
+        """Generate with the server's target; the output is exactly the target's.
+        The returned Completion carries `remote`: target calls, bytes, round trips.
+        prompt_ids: token ids to use instead of encoding `prompt`."""
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        verifier = self._connect(params)
+        policy = self._lever_policy(params, verifier) if self.spec_args["mode"] == "lever" else None
+        if policy is not None:
+            verifier.cost = policy.cost
+        spec = SpecConfig(**self.spec_args, policy=policy)
+        try:
+            completion = self.draft.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                                             top_p=top_p, top_k=top_k, seed=seed, chat=chat, on_text=on_text,
+                                             drafter=self.drafter, spec=spec, verifier=verifier,
+                                             prompt_ids=prompt_ids)
+        except LeverError as e:
+            partial = getattr(e, "partial_result", None)
+            if partial is not None:
+                e.partial_text = self.draft.tokenizer.decode(partial.token_ids, skip_special_tokens=True)
+                e.remote = verifier.stats.to_json(len(partial.token_ids))
+            raise
+        finally:
+            verifier.close()
+            if policy is not None:
+                save_calibration(policy)
+        completion.remote = verifier.stats.to_json(len(completion.token_ids))
+        if policy is not None:
+            completion.remote["cost"] = policy.cost.summary()
+        return completion
+
+
+def remote_calibration_path(info: dict, draft_path, params: SamplingParams, cache_dir=None) -> Path:
+    """The acceptance calibration of (the server's target, this draft, the sampling setting)."""
+    key = {"target": {"remote": info.get("model"), "tokenizer": info.get("tokenizer")},
+           "draft": model_identity(draft_path),
+           "sampling": "greedy" if params.greedy else
+           {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache_root(cache_dir) / "profiles" / f"calibration-remote-{digest}.json"

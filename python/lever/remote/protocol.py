@@ -1,0 +1,190 @@
+"""The edge-cloud verification protocol, version 1 (JSON over HTTP).
+
+Token-only: the edge sends token ids and parent indices, the server answers
+with tree node indices and one token.  No draft distributions travel, and
+the acceptance rule (greedy walk, or the sampling walk seeded per round from
+the session seed and the root's position) runs on the server, so the output
+is exactly the target's.
+
+Every body is a JSON object carrying ``"v": 1``.  Paths are under ``/v1``:
+
+=======  =========================  ==============================================
+method   path                       body -> answer
+=======  =========================  ==============================================
+GET      /v1/health                 -> {"status": "ok", "v": 1}  (no token needed)
+GET      /v1/info                   -> model, vocab_size, max_context, limits,
+                                       verify_cost {"n": [...], "s": [...]} (seconds
+                                       of one target pass over n tree tokens)
+POST     /v1/sessions               {"prompt": [ids], "sampling": {"temperature",
+                                    "top_p", "top_k"}, "seed": int, "open_id": str}
+                                    -> 201 {"session": id, "round": 0, "seed": int,
+                                    "position": p, "server_s": s, "replayed": false}
+POST     /v1/sessions/{id}/rounds   {"round": r, "tokens": [ids], "parents": [ints]}
+                                    -> {"round": r, "accepted": [nodes], "next": id,
+                                    "position": p, "server_s": s, "replayed": bool}
+DELETE   /v1/sessions/{id}          -> {"closed": id, "rounds": n}
+GET      /v1/metrics                -> counters (see server.Metrics)
+=======  =========================  ==============================================
+
+Semantics: the prompt's last token is the session's *root*; a round's tree
+has that root at node 0 (``parents[0] == -1``) and every other node's parent
+before it.  The answer's ``accepted`` are tree nodes (root excluded, root to
+leaf) and ``next`` the target's token after them, the new root; ``position``
+is then the new root's position (tokens committed before it).
+
+Opening is idempotent too: an open carrying the ``open_id`` of a session
+that has not verified a round yet returns that session (200, ``"replayed":
+true``) instead of making a second one, so a lost answer to an open leaves
+no orphan.  Rounds are numbered 0, 1, 2, ... per session.  Re-sending the last answered
+round with the same tree returns the stored answer (``"replayed": true``) and
+commits nothing; any other round number, or the last one with a different
+tree, is a 409.  Errors are ``{"v": 1, "error": {"code": str, "message": str}}``
+with status 400 (malformed), 401 (no token), 403 (wrong token), 404 (unknown
+or expired session), 409 (round conflict), 413 (body too large), 422 (ids
+outside the vocabulary, bad parents, tree over the cap, context over the
+limit, bad sampling settings), 429 (too many sessions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from ..sampling import SamplingParams
+
+VERSION = 1
+MAX_SEED = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Server limits. Tokens are token counts, seconds are seconds, bytes are bytes."""
+
+    max_sessions: int = 16
+    max_session_tokens: int = 4096     # prompt + generated + a tree, per session
+    max_tree_nodes: int = 256          # root included
+    idle_ttl_s: float = 600.0          # a session unused this long is closed
+    max_body_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "max_session_tokens", "max_tree_nodes", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.idle_ttl_s > 0:
+            raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+class ProtocolError(Exception):
+    """A request the server refuses: HTTP `status`, a short machine `code`, a message."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+    def body(self) -> dict:
+        return {"v": VERSION, "error": {"code": self.code, "message": self.message}}
+
+
+@dataclass(frozen=True)
+class OpenRequest:
+    prompt: list[int]
+    params: SamplingParams
+    seed: int | None
+    open_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RoundRequest:
+    round: int
+    tokens: list[int]
+    parents: list[int]
+
+    def digest(self) -> str:
+        """Identifies the tree of a round (a retry must send the same one)."""
+        return hashlib.sha256(json.dumps([self.tokens, self.parents]).encode()).hexdigest()
+
+
+def encode(obj: dict) -> bytes:
+    return json.dumps({"v": VERSION, **obj}, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes) -> dict:
+    """A request body: a JSON object of protocol version 1, else a 400."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(400, "malformed", f"the body is not JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(400, "malformed", "the body must be a JSON object")
+    if body.get("v") != VERSION:
+        raise ProtocolError(400, "version", f"unsupported protocol version {body.get('v')!r} (this server speaks {VERSION})")
+    return body
+
+
+def _int_list(body: dict, name: str) -> list[int]:
+    value = body.get(name)
+    if not isinstance(value, list) or not all(type(x) is int for x in value):
+        raise ProtocolError(400, "malformed", f"{name!r} must be a list of integers")
+    return value
+
+
+def _check_vocab(tokens: list[int], vocab_size: int, what: str) -> None:
+    for i, t in enumerate(tokens):
+        if not 0 <= t < vocab_size:
+            raise ProtocolError(422, "token_out_of_vocabulary",
+                                f"{what}[{i}] = {t} is outside the vocabulary (0..{vocab_size - 1})")
+
+
+def parse_open(body: dict, vocab_size: int, limits: Limits, max_context: int) -> OpenRequest:
+    prompt = _int_list(body, "prompt")
+    if not prompt:
+        raise ProtocolError(422, "empty_prompt", "the prompt is empty (0 tokens)")
+    _check_vocab(prompt, vocab_size, "prompt")
+    cap = min(limits.max_session_tokens, max_context)
+    if len(prompt) + 1 > cap:
+        raise ProtocolError(422, "context_limit", f"a prompt of {len(prompt)} tokens leaves no room in a session "
+                                                  f"of at most {cap} tokens")
+    sampling = body.get("sampling", {})
+    if not isinstance(sampling, dict) or set(sampling) - {"temperature", "top_p", "top_k"}:
+        raise ProtocolError(400, "malformed", "'sampling' must be an object with temperature, top_p, top_k")
+    try:
+        temperature = float(sampling.get("temperature", 0.0))
+        top_p = float(sampling.get("top_p", 1.0))
+        top_k = sampling.get("top_k", 0)
+        if type(top_k) is not int:
+            raise ValueError(f"top_k must be an integer, got {top_k!r}")
+        params = SamplingParams(temperature, top_p, top_k)
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(422, "bad_sampling", str(e)) from None
+    seed = body.get("seed")
+    if seed is not None and (type(seed) is not int or not 0 <= seed <= MAX_SEED):
+        raise ProtocolError(422, "bad_seed", f"seed must be an integer in 0..2**63-1, got {seed!r}")
+    open_id = body.get("open_id")
+    if open_id is not None and (not isinstance(open_id, str) or not 0 < len(open_id) <= 64):
+        raise ProtocolError(400, "malformed", "'open_id' must be a string of 1 to 64 characters")
+    return OpenRequest(prompt, params, seed, open_id)
+
+
+def parse_round(body: dict, vocab_size: int, limits: Limits) -> RoundRequest:
+    number = body.get("round")
+    if type(number) is not int or number < 0:
+        raise ProtocolError(400, "malformed", f"'round' must be an integer >= 0, got {number!r}")
+    tokens, parents = _int_list(body, "tokens"), _int_list(body, "parents")
+    if len(tokens) != len(parents):
+        raise ProtocolError(400, "malformed", f"{len(tokens)} tokens but {len(parents)} parents")
+    if not tokens:
+        raise ProtocolError(422, "empty_tree", "the tree is empty (it needs at least its root)")
+    if len(tokens) > limits.max_tree_nodes:
+        raise ProtocolError(422, "tree_too_large", f"a tree of {len(tokens)} nodes is over this server's cap of "
+                                                   f"{limits.max_tree_nodes} (root included)")
+    _check_vocab(tokens, vocab_size, "tokens")
+    if parents[0] != -1:
+        raise ProtocolError(422, "bad_parents", f"node 0 is the root: its parent must be -1, got {parents[0]}")
+    for i in range(1, len(parents)):
+        if not 0 <= parents[i] < i:
+            raise ProtocolError(422, "bad_parents", f"node {i}: parent {parents[i]} is not before it")
+    return RoundRequest(number, tokens, parents)
