@@ -91,6 +91,10 @@ def measure_verify_cost(model, max_nodes: int, say) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        raise LeverError("lever serve-verifier needs aiohttp: pip install 'lever[server]'") from None
     from ..remote.protocol import Limits
     from ..remote.server import VerifierServer, serve_forever
 
