@@ -98,6 +98,23 @@ def test_greedy_remote_equals_the_target_alone(smol_server, smol_draft, local_re
         assert list(tmp_path.glob("profiles/calibration-remote-*.json"))
 
 
+@pytest.mark.real
+def test_a_streamed_target_serves_too(smollm2_path, smol_draft, local_reference, tmp_path):
+    """The server's target streamed from a flash store under half its size in DRAM."""
+    from lever.api import load_store
+    from lever.store.convert import convert
+    from test_lever_mode import half_budget
+    store = convert(str(smollm2_path), tmp_path / "store", progress=False)
+    streamed = load_store(store, half_budget(store), cache_dir=tmp_path)
+    server = VerifierServer(streamed.model, "smol-store", verify_cost={"n": [1, 64], "s": [0.02, 0.1]},
+                            tokenizer=streamed.tokenizer.fingerprint(), log=lambda line: None)
+    with ServerThread(server) as running:
+        remote = remote_target(running.url, smol_draft, "tree", cache_dir=tmp_path)
+        for prompt, ref in local_reference.items():
+            assert remote.generate(prompt, max_new_tokens=32).token_ids == ref
+    assert streamed.model.report()["bytes_read"] > 0
+
+
 @pytest.fixture(scope="module")
 def tiny_server(tiny_pair):
     target, _ = tiny_pair
@@ -419,7 +436,9 @@ def test_remote_cost_learns_network_and_server_time():
     for _ in range(50):
         cost.observe(1, round_trip_s=0.12, server_s=0.02)    # a slower network and a busier server
     assert cost.network_s == pytest.approx(0.10, rel=1e-3)
-    assert cost.server_scale == pytest.approx(2.0, rel=1e-3) and cost.revision == 50
+    assert cost.server_extra_s == pytest.approx(0.01, rel=1e-3) and cost.revision == 50
+    v = cost.verify_s(64)       # the extra server time is added, not scaled: a tree token costs what it did
+    assert v[0] == pytest.approx(0.12, rel=1e-3) and v[63] - v[0] == pytest.approx(0.09, rel=1e-3)
     with pytest.raises(ValueError, match="no verify cost curve"):
         RemoteCost({}, [1], [0.001], network_s=0.0)
 

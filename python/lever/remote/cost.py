@@ -2,14 +2,16 @@
 
 A round over an n-node tree costs network time plus the server's pass:
 
-    verify_s(n) = network_s + server_scale * server_curve(n)
+    verify_s(n) = network_s + server_curve(n) + server_extra_s
 
 - `server_curve` is the curve the server measured at start-up and publishes
   in /v1/info (seconds of one target pass over n tree tokens);
 - `network_s` starts from health-check round trips and then follows each
   round's round-trip time minus the server time it reports;
-- `server_scale` follows the reported server time over the curve's value
-  (the server's load and its host work drift, the curve's shape holds).
+- `server_extra_s` follows the reported server time minus the curve's value
+  (per-round host work, a longer context, load).  It is additive, not a
+  factor: most rounds are small, and scaling the whole curve by what small
+  rounds show would inflate the cost of every extra tree token with it.
 
 The draft curve (seconds of one draft forward over f nodes) is measured on
 this device.  Every update bumps `revision`; the policy re-reads the curves
@@ -35,17 +37,20 @@ class RemoteCost:
         self.server_values = [float(s) for s in server_curve["s"]]
         self.draft_grid, self.draft_values = list(draft_grid), list(draft_s)
         self.network_s = max(0.0, float(network_s))
-        self.server_scale = 1.0
+        self.server_extra_s = 0.0
         self.iteration_overhead_s = overhead_s
         self.revision = 0
 
     def server_s(self, n: int) -> float:
         """Predicted server seconds of a round over n tree tokens (root included)."""
-        return float(interpolate(self.server_grid, self.server_values, np.array([n]))[0]) * self.server_scale
+        return max(0.0, self._curve(np.array([n]))[0] + self.server_extra_s)
+
+    def _curve(self, n: np.ndarray) -> np.ndarray:
+        return interpolate(self.server_grid, self.server_values, n)
 
     def verify_s(self, n_max: int) -> np.ndarray:
-        n = np.arange(1, n_max + 1)
-        return self.network_s + self.server_scale * interpolate(self.server_grid, self.server_values, n)
+        curve = self._curve(np.arange(1, n_max + 1))
+        return self.network_s + np.maximum(0.0, curve + self.server_extra_s)
 
     def draft_s(self, f_max: int) -> np.ndarray:
         return interpolate(self.draft_grid, self.draft_values, np.arange(1, f_max + 1))
@@ -56,11 +61,11 @@ class RemoteCost:
             return
         net = max(0.0, round_trip_s - server_s)
         self.network_s += LEARNING_RATE * (net - self.network_s)
-        base = self.server_s(n) / self.server_scale
-        if server_s > 0 and base > 0:
-            self.server_scale += LEARNING_RATE * (server_s / base - self.server_scale)
+        if server_s > 0:
+            extra = server_s - self._curve(np.array([n]))[0]
+            self.server_extra_s += LEARNING_RATE * (extra - self.server_extra_s)
         self.revision += 1
 
     def summary(self) -> dict:
-        return {"network_ms": round(self.network_s * 1e3, 3), "server_scale": round(self.server_scale, 4),
+        return {"network_ms": round(self.network_s * 1e3, 3), "server_extra_ms": round(self.server_extra_s * 1e3, 3),
                 "verify_ms": {n: round(float(self.verify_s(n)[-1]) * 1e3, 2) for n in (1, 16, 64)}}

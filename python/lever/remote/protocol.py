@@ -21,7 +21,8 @@ POST     /v1/sessions               {"prompt": [ids], "sampling": {"temperature"
                                     "position": p, "server_s": s, "replayed": false}
 POST     /v1/sessions/{id}/rounds   {"round": r, "tokens": [ids], "parents": [ints]}
                                     -> {"round": r, "accepted": [nodes], "next": id,
-                                    "position": p, "server_s": s, "replayed": bool}
+                                    "position": p, "server_s": s, "calls": n,
+                                    "replayed": bool}
 DELETE   /v1/sessions/{id}          -> {"closed": id, "rounds": n}
 GET      /v1/metrics                -> counters (see server.Metrics)
 =======  =========================  ==============================================
@@ -30,7 +31,9 @@ Semantics: the prompt's last token is the session's *root*; a round's tree
 has that root at node 0 (``parents[0] == -1``) and every other node's parent
 before it.  The answer's ``accepted`` are tree nodes (root excluded, root to
 leaf) and ``next`` the target's token after them, the new root; ``position``
-is then the new root's position (tokens committed before it).
+is then the new root's position (tokens committed before it), ``server_s``
+the seconds the server spent on the round and ``calls`` the session's target
+calls so far.
 
 Opening is idempotent too: an open carrying the ``open_id`` of a session
 that has not verified a round yet returns that session (200, ``"replayed":

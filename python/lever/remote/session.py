@@ -69,7 +69,7 @@ class VerifierSession:
         self.emitted += len(verdict.accepted) + 1
         answer = {"round": req.round, "accepted": verdict.accepted, "next": verdict.next_token,
                   "position": self.position, "server_s": round(verdict.verify_s + verdict.accept_s, 6),
-                  "replayed": False}
+                  "calls": self.verifier.calls, "replayed": False}
         self.last = (req.round, req.digest(), answer)
         self.next_round += 1
         return answer
