@@ -126,11 +126,23 @@ def server_metrics(port: int) -> dict | None:
 
 def remote_target_args(mode_text: str) -> tuple[str, dict]:
     """(label, RemoteTarget keyword arguments) of a mode spec: ar, chain:K, tree:N
-    (topk 4, depth 8), tree:N:TOPK:DEPTH, lever or lever:N (at most N draft nodes)."""
+    (topk 4, depth 8), tree:N:TOPK:DEPTH, lever or lever:N (at most N draft nodes);
+    lever@MS counts each target call as MS extra milliseconds (call_cost_s)."""
     from lever.commands.bench import parse_mode
+    from lever.errors import LeverError
+    call_ms = 0.0
+    if "@" in mode_text:
+        mode_text, _, ms = mode_text.partition("@")
+        try:
+            call_ms = float(ms)
+        except ValueError:
+            raise LeverError(f"bad call cost in mode lever@{ms!r}: expected milliseconds") from None
     m = parse_mode(mode_text)
     if m.spec is None:                                   # lever
-        return m.label, {"mode": "lever", "max_nodes": m.lever_nodes}
+        label = f"{m.label}@{call_ms:g}" if call_ms else m.label
+        return label, {"mode": "lever", "max_nodes": m.lever_nodes, "call_cost_s": call_ms / 1e3}
+    if call_ms:
+        raise LeverError(f"a call cost (@MS) applies to mode lever only, not {mode_text!r}")
     if m.spec.mode == "chain":
         return m.label, {"mode": "chain", "draft_len": m.spec.draft_len}
     if m.spec.mode == "tree":
@@ -301,7 +313,7 @@ def plot(result: dict, path: Path) -> None:
     rtts = [str(r) for r in s["rtts_ms"] if str(r) in result["aggregates"]]
     modes = s["modes"]
     others = iter(OTHER_COLOURS * 4)
-    colours = {m: MODE_COLOURS.get("lever" if m.startswith("lever") else m) or next(others) for m in modes}
+    colours = {m: MODE_COLOURS.get(m) or ("tab:brown" if m.startswith("lever") else next(others)) for m in modes}
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     width = 0.8 / len(modes)
     panels = [("target_calls_per_token", "target calls per generated token", "target calls per token", ".2f"),

@@ -445,11 +445,13 @@ def test_remote_cost_learns_network_and_server_time():
 
 def test_a_longer_round_trip_grows_bigger_trees(tiny_pair):
     """The policy reads the remote cost: with 200 ms of network per round a
-    tree is worth more nodes than with none."""
+    tree is worth more nodes than with none, and so it is when the user
+    prices each target call at 200 ms."""
     _, draft = tiny_pair
     sizes = []
-    for network_s in (0.0, 0.2):
-        cost = RemoteCost({"n": [1, 32], "s": [0.01, 0.04]}, [1, 32], [0.002, 0.01], network_s=network_s)
+    for network_s, call_cost_s in ((0.0, 0.0), (0.2, 0.0), (0.0, 0.2)):
+        cost = RemoteCost({"n": [1, 32], "s": [0.01, 0.04]}, [1, 32], [0.002, 0.01], network_s=network_s,
+                          call_cost_s=call_cost_s)
         policy = GainCostPolicy(cost, max_nodes=30, max_depth=6, topk=3, adapt=False)
         drafter = ModelDrafter(draft)
         drafter.reset(SAMPLE_PROMPT)
@@ -457,7 +459,9 @@ def test_a_longer_round_trip_grows_bigger_trees(tiny_pair):
         cost.network_s, cost.revision = 1.0, cost.revision + 1   # and the policy follows a change
         drafter.reset(SAMPLE_PROMPT)
         assert len(policy.draft(drafter, SAMPLE_PROMPT[-1]).tree) >= sizes[-1]
-    assert sizes[1] > sizes[0], sizes
+    assert sizes[1] > sizes[0] and sizes[2] > sizes[0], sizes
+    with pytest.raises(ValueError, match="cost of a target call"):
+        RemoteCost({"n": [1], "s": [0.01]}, [1], [0.001], network_s=0.0, call_cost_s=-1)
 
 
 def test_client_refuses_an_answer_that_is_not_a_path(smol_server):

@@ -63,6 +63,9 @@ def add_parser(subparsers) -> None:
                         help="verify on the server at URL (http://HOST:PORT); --draft drafts and tokenizes here "
                              "(default mode lever; --mode ar is target-only remote decoding)")
     remote.add_argument("--token-file", default=None, metavar="F", help="file holding the server's bearer token")
+    remote.add_argument("--call-cost-ms", type=float, default=0.0, metavar="MS",
+                        help="mode lever: count each target call as this many extra milliseconds when sizing "
+                             "trees, trading speed for fewer server calls (default 0: fastest)")
     remote.add_argument("--retry-deadline", type=float, default=30.0, metavar="SECONDS",
                         help="keep retrying an unanswered request this long, then stop with what was "
                              "generated (default 30)")
@@ -182,7 +185,7 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
     target = RemoteTarget(args.remote, draft=args.draft, token=read_token(args.token_file) if args.token_file else None,
                           mode=mode, draft_len=args.draft_len, tree=shape, max_nodes=args.lever_max_nodes,
                           max_depth=args.lever_max_depth, topk=args.lever_topk, retry_deadline_s=args.retry_deadline,
-                          cache_dir=args.cache_dir)
+                          call_cost_s=args.call_cost_ms / 1e3, cache_dir=args.cache_dir)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)

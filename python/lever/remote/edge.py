@@ -45,16 +45,21 @@ class RemoteTarget:
     draft_len: chain length; tree: the static tree of mode tree;
     max_nodes / max_depth / topk: mode lever's tree limits;
     retry_deadline_s: seconds to keep retrying one request (then the
-    generation stops with VerifierUnreachableError, keeping its tokens)."""
+    generation stops with VerifierUnreachableError, keeping its tokens);
+    call_cost_s: mode lever counts each target call as this many extra
+    seconds when sizing trees (fewer server calls for some speed; 0 = speed)."""
 
     def __init__(self, url: str, draft: str | LoadedModel = "qwen2.5-coder-0.5b", token: str | None = None,
                  mode: str = "lever", draft_len: int = 4, tree: TreeShape = TreeShape(),
                  max_nodes: int = DEFAULT_MAX_NODES, max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK,
-                 retry_deadline_s: float = 30.0, cache_dir=None, progress: bool = True):
+                 retry_deadline_s: float = 30.0, call_cost_s: float = 0.0, cache_dir=None, progress: bool = True):
         self.draft = draft if isinstance(draft, LoadedModel) else load(draft, cache_dir=cache_dir, progress=progress)
         self.url, self.token, self.retry_deadline_s = url, token, retry_deadline_s
         self.spec_args = dict(mode=mode, draft_len=draft_len, tree=tree)
         self.max_nodes, self.max_depth, self.topk = max_nodes, max_depth, topk
+        if not call_cost_s >= 0:
+            raise LeverError(f"the cost of a target call must be >= 0 seconds, got {call_cost_s}")
+        self.call_cost_s = call_cost_s
         self.cache_dir, self.progress = cache_dir, progress
         probe = self._connect(SamplingParams())
         self.info = probe.info
@@ -81,7 +86,8 @@ class RemoteTarget:
                 say = (lambda line: print(line, file=sys.stderr, flush=True)) if self.progress else (lambda _: None)
                 self._draft_curve = forward_seconds(self.draft.model, DRAFT_GRID, ctx=128, repeats=3,
                                                     rng=np.random.default_rng(0), say=say)
-            cost = RemoteCost(self.info.get("verify_cost") or {}, DRAFT_GRID, self._draft_curve, self.network_s)
+            cost = RemoteCost(self.info.get("verify_cost") or {}, DRAFT_GRID, self._draft_curve, self.network_s,
+                              call_cost_s=self.call_cost_s)
             max_nodes = min(self.max_nodes, verifier.max_tree_nodes - 1)
             path = remote_calibration_path(self.info, self.draft.path, params, self.cache_dir)
             self.policy = GainCostPolicy(cost, load_calibration(path), max_nodes=max_nodes,
