@@ -163,16 +163,8 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
             stats.accept_s += verdict.accept_s
             if grown is not None:
                 spec.policy.observe(grown, accepted, verify_s=verdict.verify_s, iteration_s=t4 - t0)
-            for tok in [tree.token(j) for j in accepted] + [next_token]:
-                result.token_ids.append(tok)
-                if on_token is not None:
-                    on_token(tok)
-                if tok in stop_ids:
-                    result.stop_reason = "eos"
-                    break
-                if len(result.token_ids) >= max_new_tokens:
-                    break
-            if result.stop_reason == "eos" or len(result.token_ids) >= max_new_tokens:
+            if any(result.emit(tok, max_new_tokens, stop_ids, on_token)
+                   for tok in [tree.token(j) for j in accepted] + [next_token]):
                 break
             root = next_token
         result.decode_s = time.perf_counter() - t_decode

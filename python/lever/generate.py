@@ -25,6 +25,18 @@ class GenerationResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
+    def emit(self, token: int, max_new_tokens: int, stop_ids: frozenset[int],
+             on_token: Callable[[int], None] | None = None) -> bool:
+        """Append a new token (and pass it to `on_token`); True when generation
+        must stop: it is a stop id (stop_reason "eos") or the length is reached."""
+        self.token_ids.append(token)
+        if on_token is not None:
+            on_token(token)
+        if token in stop_ids:
+            self.stop_reason = "eos"
+            return True
+        return len(self.token_ids) >= max_new_tokens
+
     @property
     def decode_tokens_per_s(self) -> float:
         """Generated tokens after the first, per second of decoding."""
@@ -70,13 +82,7 @@ def generate_tokens(model: Decoder, prompt_ids: list[int], max_new_tokens: int,
     t0 = time.perf_counter()
     while True:
         token = choose_token(logits, params, generator)
-        result.token_ids.append(token)
-        if on_token is not None:
-            on_token(token)
-        if token in stop_ids:
-            result.stop_reason = "eos"
-            break
-        if len(result.token_ids) >= max_new_tokens:
+        if result.emit(token, max_new_tokens, stop_ids, on_token):
             break
         pos = cache.length
         logits = model(torch.tensor([token]), torch.tensor([pos]), causal_mask(1, pos), cache)[0]
