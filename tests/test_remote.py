@@ -311,6 +311,7 @@ def test_every_bad_request_gets_its_status(guarded, tiny_pair):
     # malformed bodies
     expect(raw("POST", "/v1/sessions", raw=b"{not json"), 400, "malformed")
     expect(raw("POST", "/v1/sessions", raw=b"[1, 2]"), 400, "malformed")
+    expect(raw("POST", "/v1/sessions", raw=b"[" * 4000), 400, "malformed")       # nesting deeper than the parser
     expect(raw("POST", "/v1/sessions", raw=json.dumps({"v": 9, "prompt": [1]}).encode()), 400, "version")
     expect(raw("POST", "/v1/sessions", {"prompt": "hello"}), 400, "malformed")
     expect(raw("POST", "/v1/sessions", {"prompt": [1, 2.5]}), 400, "malformed")

@@ -119,8 +119,8 @@ def decode(raw: bytes) -> dict:
     """A request body: a JSON object of protocol version 1, else a 400."""
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ProtocolError(400, "malformed", f"the body is not JSON ({e})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:     # RecursionError: absurdly deep nesting
+        raise ProtocolError(400, "malformed", f"the body is not JSON ({type(e).__name__}: {e})") from None
     if not isinstance(body, dict):
         raise ProtocolError(400, "malformed", "the body must be a JSON object")
     if body.get("v") != VERSION:
