@@ -204,7 +204,6 @@ class VerifierServer:
         session = VerifierSession(secrets.token_urlsafe(12), self.model, req, self.session_capacity,
                                   self.limits.max_tree_nodes)
         if req.open_id is not None:
-            session.open_id = req.open_id
             self.open_ids[req.open_id] = session
         return session, True
 
