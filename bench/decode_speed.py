@@ -25,7 +25,7 @@ import lever
 import torch
 
 
-from lever.generate import generate_tokens
+from lever.autoregressive import generate_tokens
 from lever.model.hf_export import hf_from_ours
 from machine import dram_read_bytes_per_s
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from lever.api import cache_root, store_tokenizer
-from lever.generate import generate_tokens
+from lever.autoregressive import generate_tokens
 from lever.store.convert import convert
 from lever.store.flash_reader import FlashReader, drop_page_cache
 from lever.store.manifest import WEIGHTS, StoreManifest

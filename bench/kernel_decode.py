@@ -48,7 +48,7 @@ import torch
 import lever
 from lever import _native
 from lever.api import cache_root
-from lever.generate import generate_tokens, prefill
+from lever.autoregressive import generate_tokens, prefill
 from lever.model.decoder import causal_mask
 from lever.model.gguf_file import GGUFFile
 from lever.model.linear import resident_bytes

@@ -14,7 +14,7 @@ import torch
 import lever
 from lever import _native
 from lever.cli import main
-from lever.generate import generate_tokens
+from lever.autoregressive import generate_tokens
 from lever.model.linear import Linear, QuantTensor, resident_bytes
 
 pytestmark = pytest.mark.real

@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from lever.model.hf_export import hf_from_ours
-from lever.generate import generate_tokens
+from lever.autoregressive import generate_tokens
 from lever.model.decoder import causal_mask
 from lever.model.gguf_loader import load_gguf_model
 from lever.model.tokenizer import Tokenizer

@@ -32,7 +32,7 @@ from lever.draft.model_drafter import ModelDrafter
 from lever.draft.ngram import NgramDrafter
 from lever.engine import SpecConfig, speculative_generate
 from lever.errors import ContextOverflowError, LeverError
-from lever.generate import generate_tokens
+from lever.autoregressive import generate_tokens
 from lever.model.checkpoint_loader import load_checkpoint_model
 from lever.model.decoder import causal_mask
 from lever.sampling import SamplingParams, processed_probs

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .errors import ModelFormatError
-from .generate import GenerationResult, generate_tokens
+from .autoregressive import GenerationResult, generate_tokens
 from .model.checkpoint_loader import load_checkpoint_model
 from .model.config import ModelConfig
 from .model.decoder import Decoder

@@ -20,7 +20,7 @@ import torch
 
 from .draft.base import Drafter, TreeShape
 from .errors import LeverError
-from .generate import GenerationResult, check_context
+from .autoregressive import GenerationResult, check_context
 from .sampling import SamplingParams, make_generator
 from .tree import TokenTree
 from .verify.target_pass import TargetVerifier

@@ -7,14 +7,30 @@ verification later uses the same function, which is what keeps it exact.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 
+# The accepted ranges, defined once for the API, the CLI and the verifier
+# server.  Temperatures below MIN_TEMPERATURE (other than 0, greedy) and top-p
+# below MIN_TOP_P are refused rather than silently turned into greedy: at
+# such values the processed distribution is a point mass only up to float32
+# round-off, which is where inf/nan would come from.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 100.0
+MIN_TOP_P = 1e-6
+MAX_TOP_K = 1 << 31
+MAX_SEED = (1 << 63) - 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
+    """temperature 0 means greedy, else in [MIN_TEMPERATURE, MAX_TEMPERATURE];
+    top_p in [MIN_TOP_P, 1] (1 disables it); top_k 0 (disabled) or a positive
+    count of tokens; seed None (a random one) or an integer in 0..MAX_SEED.
+    A value outside these ranges raises ValueError naming the field."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -22,12 +38,19 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        t, p = self.temperature, self.top_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
+                or not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            raise ValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
+                             f"{MAX_TEMPERATURE:g}, got {t!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) \
+                or not MIN_TOP_P <= p <= 1:
+            raise ValueError(f"top_p must be between {MIN_TOP_P:g} and 1, got {p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be an integer between 0 and {MAX_TOP_K}, got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be an integer between 0 and 2**63-1, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

@@ -446,7 +446,7 @@ def divergence(model, prompt_ids: list[int], ref: list[int], got: list[int]) -> 
     are a near-tie between the two tokens (both within ~2 bf16 ulps of the top logit)."""
     import torch
 
-    from ..generate import prefill
+    from ..autoregressive import prefill
 
     i = next((j for j, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
     out = {"index": i, "ar_token": ref[i] if i < len(ref) else None, "token": got[i] if i < len(got) else None}

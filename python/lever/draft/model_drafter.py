@@ -25,7 +25,7 @@ import heapq
 import numpy as np
 import torch
 
-from ..generate import prefill
+from ..autoregressive import prefill
 from ..sampling import SamplingParams, processed_probs
 from ..tree import TokenTree
 from .base import TreeShape

@@ -17,11 +17,12 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
 from ..errors import LeverError
-from ..generate import prefill
+from ..autoregressive import PREFILL_CHUNK, prefill_chunk
 from ..sampling import SamplingParams
 from ..tree import TokenTree
 from .rules import verify_chain_leviathan, verify_greedy, verify_sampling_walk
@@ -85,11 +86,25 @@ class TargetVerifier:
         return self.cache.length
 
     def start(self, prompt_ids: list[int]) -> None:
+        """Prefill the prompt in one call (see `start_chunks` for a resumable one)."""
+        for _ in self.start_chunks(prompt_ids):
+            pass
+
+    def start_chunks(self, prompt_ids: list[int], chunk_tokens: int = PREFILL_CHUNK) -> Iterator[int]:
+        """Prefill the prompt one forward of at most `chunk_tokens` tokens per
+        step; yields the prompt tokens prefilled so far after each step, so a
+        server can run other sessions' rounds between the chunks.  The
+        sequence is ready (`root` set) once the iterator is exhausted."""
         if not prompt_ids:
             raise LeverError("the prompt is empty (0 tokens)")
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        self.root = None
         self.cache.truncate(0)
-        if len(prompt_ids) > 1:
-            prefill(self.target, list(prompt_ids[:-1]), self.cache)
+        body = list(prompt_ids[:-1])
+        for start in range(0, len(body), chunk_tokens):
+            prefill_chunk(self.target, body[start:start + chunk_tokens], start, self.cache)
+            yield start + len(body[start:start + chunk_tokens])
         self.root = int(prompt_ids[-1])
 
     def verify(self, tree: TokenTree, draft_probs: torch.Tensor | None = None) -> Verdict:

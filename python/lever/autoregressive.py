@@ -53,16 +53,22 @@ def check_context(n_prompt: int, max_new_tokens: int, max_context: int) -> None:
             f"the model's context of {max_context} tokens")
 
 
-def prefill(model: Decoder, prompt_ids: list[int], cache) -> torch.Tensor:
-    """Feed the prompt in chunks; returns the logits [vocab] of its last token."""
-    ids = torch.tensor(prompt_ids, dtype=torch.long)
-    logits = None
-    for start in range(0, len(ids), PREFILL_CHUNK):
-        chunk = ids[start:start + PREFILL_CHUNK]
-        n = len(chunk)
-        logits = model(chunk, torch.arange(start, start + n), causal_mask(n, start), cache,
-                       logits_rows=torch.tensor([n - 1]))
+def prefill_chunk(model: Decoder, chunk_ids: list[int], start: int, cache) -> torch.Tensor:
+    """Feed `chunk_ids` at positions start.. after the `start` cached rows;
+    returns the logits [vocab] of the chunk's last token."""
+    n = len(chunk_ids)
+    logits = model(torch.tensor(chunk_ids, dtype=torch.long), torch.arange(start, start + n),
+                   causal_mask(n, start), cache, logits_rows=torch.tensor([n - 1]))
     return logits[0]
+
+
+def prefill(model: Decoder, prompt_ids: list[int], cache) -> torch.Tensor:
+    """Feed the prompt in chunks of PREFILL_CHUNK tokens; returns the logits
+    [vocab] of its last token."""
+    logits = None
+    for start in range(0, len(prompt_ids), PREFILL_CHUNK):
+        logits = prefill_chunk(model, list(prompt_ids[start:start + PREFILL_CHUNK]), start, cache)
+    return logits
 
 
 def generate_tokens(model: Decoder, prompt_ids: list[int], max_new_tokens: int,
