@@ -151,7 +151,7 @@ def test_sampling_over_the_wire_has_the_target_distribution(tiny_server, tiny_pa
 def test_a_wrong_server_rule_is_caught(tiny_server, tiny_pair, exact_reference, monkeypatch):
     """The same test rejects a server whose walk is biased towards the draft (it has power)."""
     _, draft = tiny_pair
-    monkeypatch.setattr(target_pass, "verify_sampling_walk", wrong_tree_walk)
+    monkeypatch.setattr(target_pass, "verify_position_draws", wrong_tree_walk)
     counts = remote_counts(tiny_server.url, draft, seed0=8_000_000)
     pvalue, stat, dof, _ = chi_square(counts, exact_reference, N_REMOTE_SAMPLES)
     assert pvalue < P_THRESHOLD, f"the biased walk passed (p-value {pvalue:.3f})"

@@ -22,7 +22,7 @@ from lever.remote.edge import RemoteTarget
 pytestmark = pytest.mark.real
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."
-TOKEN = "edge-token-42"
+TOKEN = "edge-token-42-0123456789"
 
 
 def free_port() -> int:
@@ -136,6 +136,7 @@ def test_unreachable_server_stops_with_the_tokens_kept(server, draft, reference,
 def test_cli_client_and_server_with_a_token(smollm2_path, lever_cache, reference, tmp_path, capsys):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
     s = ServerProcess(smollm2_path, lever_cache, free_port(), extra=["--token-file", str(token_file)]).start()
     try:
         common = ["generate", "--remote", s.url, "--draft", str(smollm2_path), "--prompt", PROMPT,
@@ -196,6 +197,14 @@ def test_cli_refusals(smollm2_path, tmp_path, capsys):
     (tmp_path / "empty").write_text("  \n")
     refused([*serve, "--token-file", str(tmp_path / "empty")], "expected one token")
     refused([*serve, "--max-sessions", "0"], "max_sessions must be >= 1")
+    refused([*serve, "--header-timeout", "0"], "header_timeout_s must be > 0")
+    refused([*serve, "--prefill-chunk", "0"], "prefill_chunk must be >= 1")
+    (tmp_path / "short").write_text("abc")
+    (tmp_path / "short").chmod(0o600)
+    refused([*serve, "--token-file", str(tmp_path / "short")], "at least 16")
+    (tmp_path / "open").write_text("x" * 32)
+    (tmp_path / "open").chmod(0o644)
+    refused([*serve, "--token-file", str(tmp_path / "open")], "chmod 600")
     gen = ["generate", "--remote", "http://127.0.0.1:1", "--prompt", "x"]
     refused(gen, "--remote needs --draft")
     refused([*gen, "--draft", "ngram"], "--remote needs --draft")

@@ -1,4 +1,6 @@
-"""Sampling: the processed distribution equals transformers' warpers, draws follow it."""
+"""Sampling: the processed distribution equals transformers' warpers; the
+position-keyed draws follow it, depend on (seed, position) alone and are
+independent across positions; the accepted parameter ranges."""
 
 import math
 
@@ -7,7 +9,8 @@ import torch
 from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from lever.sampling import SamplingParams, choose_token, make_generator, processed_probs
+from lever.sampling import (MAX_SEED, SamplingParams, position_noise, processed_probs, resolve_seed,
+                            sample_at)
 
 
 def hf_probs(logits, t, k, p):
@@ -32,40 +35,105 @@ def test_processed_probs_match_transformers(t, k, p):
 
 def test_greedy_is_argmax():
     logits = torch.randn(50, generator=torch.Generator().manual_seed(1))
-    assert choose_token(logits, SamplingParams(), None) == int(logits.argmax())
+    assert sample_at(logits, SamplingParams(), None, 0) == int(logits.argmax())
 
 
-def test_draws_follow_the_processed_distribution():
-    """Chi-square goodness of fit of 20,000 seeded draws (p-value threshold 1e-3)."""
-    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
-    params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95, seed=123)
-    probs = processed_probs(logits, params)
-    gen = make_generator(params)
-    n = 20_000
-    counts = torch.zeros(8)
-    for _ in range(n):
-        counts[choose_token(logits, params, gen)] += 1
+def chi2_critical(dof: int, z: float = 3.09) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile at 1 - 1e-3 (z = 3.09)."""
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def chi2_stat(counts, probs, n):
     support = probs > 0
     assert counts[~support].sum() == 0                       # filtered tokens never drawn
     expected = probs[support] * n
-    chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
-    dof = int(support.sum()) - 1
-    # Wilson-Hilferty approximation of the chi-square quantile at 1 - 1e-3
-    z = 3.09
-    crit = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 < crit, (chi2, crit, counts, expected)
+    return float(((counts[support] - expected) ** 2 / expected).sum()), int(support.sum()) - 1
 
 
-def test_seed_makes_draws_repeatable():
+def test_draws_over_positions_follow_the_processed_distribution():
+    """20,000 draws at successive positions of one seed: chi-square goodness of fit."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+    params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95, seed=123)
+    n = 20_000
+    counts = torch.zeros(8)
+    for pos in range(n):
+        counts[sample_at(logits, params, params.seed, pos)] += 1
+    chi2, dof = chi2_stat(counts, processed_probs(logits, params), n)
+    assert chi2 < chi2_critical(dof), (chi2, counts)
+
+
+def test_draws_over_seeds_follow_the_processed_distribution():
+    """20,000 draws at one position under successive seeds."""
+    logits = torch.tensor([0.3, 1.5, -1.0, 0.5, 2.0, -0.5])
+    params = SamplingParams(temperature=1.2, top_p=0.97)
+    n = 20_000
+    counts = torch.zeros(6)
+    for seed in range(n):
+        counts[sample_at(logits, params, seed, 17)] += 1
+    chi2, dof = chi2_stat(counts, processed_probs(logits, params), n)
+    assert chi2 < chi2_critical(dof), (chi2, counts)
+
+
+def test_neighbouring_positions_are_independent():
+    """The pair (draw at t, draw at t + 1) over 20,000 t: chi-square test of
+    independence against the product of the marginals (4 x 4 cells)."""
+    logits = torch.zeros(4)
+    params = SamplingParams(temperature=1.0)
+    n = 20_000
+    draws = [sample_at(logits, params, 99, t) for t in range(n + 1)]
+    pairs = torch.zeros(4, 4)
+    for a, b in zip(draws[:-1], draws[1:]):
+        pairs[a, b] += 1
+    expected = torch.full((4, 4), n / 16)
+    chi2 = float(((pairs - expected) ** 2 / expected).sum())
+    assert chi2 < chi2_critical(15), pairs
+
+
+def test_a_draw_depends_on_seed_and_position_only():
     logits = torch.randn(100, generator=torch.Generator().manual_seed(2))
     params = SamplingParams(temperature=1.0, seed=7)
-    a = [choose_token(logits, params, g) for g in [make_generator(params)] for _ in range(20)]
-    b = [choose_token(logits, params, g) for g in [make_generator(params)] for _ in range(20)]
-    assert a == b and len(set(a)) > 1
+    a = [sample_at(logits, params, 7, t) for t in range(40)]
+    b = [sample_at(logits.clone(), params, 7, t) for t in range(40)]
+    c = [sample_at(logits, params, 8, t) for t in range(40)]
+    assert a == b and len(set(a)) > 1 and a != c
 
 
-@pytest.mark.parametrize("kwargs,msg", [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"),
-                                        (dict(top_p=1.5), "top_p"), (dict(top_k=-2), "top_k")])
+def test_noise_is_fixed_across_versions():
+    """The counter-based noise is part of the seed's meaning (a seed names the
+    same text on every machine and in every release): pinned values."""
+    g = position_noise(12345, 67, 4).tolist()
+    assert g == pytest.approx(PINNED_NOISE, abs=1e-12), g
+    assert position_noise(MAX_SEED, 2**40, 3).isfinite().all()
+
+
+PINNED_NOISE = [0.6317335971926811, 2.479646964765107, 2.347810961077632, 1.4400464822540124]
+
+
+def test_resolve_seed():
+    assert resolve_seed(SamplingParams(seed=5)) == 5
+    s = resolve_seed(SamplingParams())
+    assert 0 <= s <= MAX_SEED
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(temperature=-1), "temperature"), (dict(temperature=1e-300), "temperature"),
+    (dict(temperature=float("inf")), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=1e9), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1e-300), "top_p"),
+    (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"), (dict(top_k=-2), "top_k"),
+    (dict(top_k=1.5), "top_k"), (dict(seed=-1), "seed"), (dict(seed=2**64), "seed"), (dict(seed="7"), "seed")])
 def test_bad_sampling_parameters(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=1e-3), dict(temperature=100.0), dict(top_p=1e-6),
+                                    dict(temperature=0.5, top_p=1e-6, top_k=1), dict(seed=MAX_SEED)])
+def test_extreme_but_valid_parameters_draw_a_token(kwargs):
+    """At the floors the processed distribution is still finite: a draw is a real token."""
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(3)) * 30
+    params = SamplingParams(**kwargs)
+    tok = sample_at(logits, params, params.seed or 0, 3)
+    assert 0 <= tok < 50
+    if not params.greedy:
+        probs = processed_probs(logits, params)
+        assert probs.isfinite().all() and probs[tok] > 0

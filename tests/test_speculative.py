@@ -6,10 +6,10 @@
    real Qwen2.5-Coder 0.5B -> 1.5B pair.  A divergence is tolerated only at a
    near-tie of the target (top-2 logit gap < 1e-3 in a fresh full forward).
 2. Sampling: the joint distribution of the first 3 tokens under target-only
-   sampling, the tree sampling walk, Leviathan chains drafted by a model and
-   Leviathan chains drafted by prompt lookup (one-hot q) fits the *exact*
-   target distribution (enumerated) in a chi-square test; deliberately wrong
-   rules fail the same test.
+   sampling, the position-keyed draws over trees, chains and lever trees,
+   and the Leviathan baseline over chains drafted by a model and by prompt
+   lookup (one-hot q) fits the *exact* target distribution (enumerated) in a
+   chi-square test; deliberately wrong rules fail the same test.
 3. After every iteration the target's and the drafter's KV caches equal a
    fresh computation over the committed tokens.
 4. Bad input.
@@ -35,7 +35,7 @@ from lever.errors import ContextOverflowError, LeverError
 from lever.autoregressive import generate_tokens
 from lever.model.checkpoint_loader import load_checkpoint_model
 from lever.model.decoder import causal_mask
-from lever.sampling import SamplingParams, processed_probs
+from lever.sampling import SamplingParams, processed_probs, sample_at
 
 TIE_GAP = 1e-3          # fp32: a greedy divergence is accepted only below this top-2 logit gap
 P_THRESHOLD = 1e-3      # chi-square goodness-of-fit threshold
@@ -351,6 +351,7 @@ SAMPLE_TOKENS = 3
 N_SAMPLES = 3000
 SAMPLE_TREE = SpecConfig("tree", tree=TreeShape(budget=6, topk=3, depth=2))
 SAMPLE_CHAIN = SpecConfig("chain", draft_len=2)
+SAMPLE_LEVIATHAN = SpecConfig("chain", draft_len=2, rule="leviathan")
 SAMPLE_LEVER = lever_spec(max_nodes=6, max_depth=2, topk=3)
 
 
@@ -425,8 +426,9 @@ def make_draw(target, draft, kind, stats_sink=None):
     def draw(params):
         if kind == "target-only":
             return generate_tokens(target, SAMPLE_PROMPT, SAMPLE_TOKENS, params).token_ids
-        drafter = NgramDrafter() if kind == "chain-ngram" else ModelDrafter(draft)
-        spec = {"tree": SAMPLE_TREE, "lever": SAMPLE_LEVER}.get(kind, SAMPLE_CHAIN)
+        drafter = NgramDrafter() if kind.startswith("chain-ngram") else ModelDrafter(draft)
+        spec = {"tree": SAMPLE_TREE, "lever": SAMPLE_LEVER, "chain-model-leviathan": SAMPLE_LEVIATHAN,
+                "chain-ngram-leviathan": SAMPLE_LEVIATHAN}.get(kind, SAMPLE_CHAIN)
         out, stats = run_spec(target, drafter, SAMPLE_PROMPT, SAMPLE_TOKENS, spec, params)
         if stats_sink is not None:
             stats_sink.add(kind, stats)
@@ -448,14 +450,15 @@ def exact_reference(tiny_pair):
     return exact
 
 
-SAMPLING_KINDS = ["target-only", "tree", "chain-model", "chain-ngram", "lever"]
+SAMPLING_KINDS = ["target-only", "tree", "chain-model", "chain-ngram", "lever",
+                  "chain-model-leviathan", "chain-ngram-leviathan"]
 
 
 @pytest.mark.parametrize("kind", SAMPLING_KINDS)
 def test_sampling_matches_exact_target_distribution(tiny_pair, exact_reference, kind):
     target, draft = tiny_pair
     acc = Acceptance()
-    # independent seeds per kind (the tree walk would otherwise reproduce target-only draw for draw)
+    # independent seeds per kind (position-keyed draws reproduce target-only draw for draw)
     seed0 = 100_000 * SAMPLING_KINDS.index(kind)
     counts = sample_counts(make_draw(target, draft, kind, acc), seed0)
     pvalue, stat, dof, impossible = chi_square(counts, exact_reference, N_SAMPLES)
@@ -471,11 +474,11 @@ def test_sampling_matches_exact_target_distribution(tiny_pair, exact_reference, 
 
 # deliberately wrong rules: the same test must reject them
 
-def wrong_tree_walk(tree, logits, params, generator):
+def wrong_tree_walk(tree, logits, params, seed, root_position):
     """Accepts the draft's most likely child whenever the target's argmax is among the children."""
     accepted, node = [], 0
     while True:
-        y = int(torch.multinomial(processed_probs(logits[node], params), 1, generator=generator))
+        y = sample_at(logits[node], params, seed, root_position + len(accepted) + 1)
         children = tree.children(node)
         if tree.child_with_token(node, int(logits[node].argmax())) >= 0:
             best = max(children, key=tree.logprob)
@@ -511,9 +514,9 @@ def leviathan_without_residual(tree, logits, draft_probs, params, generator):
 
 
 @pytest.mark.parametrize("kind,attr,wrong", [
-    ("tree", "verify_sampling_walk", wrong_tree_walk),
-    ("chain-model", "verify_chain_leviathan", always_accept_leviathan),
-    ("chain-model", "verify_chain_leviathan", leviathan_without_residual),
+    ("tree", "verify_position_draws", wrong_tree_walk),
+    ("chain-model-leviathan", "verify_chain_leviathan", always_accept_leviathan),
+    ("chain-model-leviathan", "verify_chain_leviathan", leviathan_without_residual),
 ], ids=["tree-greedy-child", "leviathan-always-accept", "leviathan-no-residual"])
 def test_wrong_rule_is_rejected(tiny_pair, exact_reference, monkeypatch, kind, attr, wrong):
     target, draft = tiny_pair
@@ -568,15 +571,15 @@ class CheckingDrafter:
         self.committed: list[int] = []
         self.checks = 0
 
-    def reset(self, prompt_ids):
-        self.inner.reset(prompt_ids)
+    def reset(self, prompt_ids, capacity=None):
+        self.inner.reset(prompt_ids, capacity)
         self.committed = list(prompt_ids)
 
     def draft_tree(self, root, shape):
         return self.inner.draft_tree(root, shape)
 
-    def draft_chain(self, root, k, params, generator):
-        return self.inner.draft_chain(root, k, params, generator)
+    def draft_chain(self, root, k, params, seed):
+        return self.inner.draft_chain(root, k, params, seed)
 
     def __getattr__(self, name):              # start_tree / expand / use_tree of mode lever
         if name == "inner":

@@ -10,7 +10,7 @@ import torch
 
 from .errors import ContextOverflowError
 from .model.decoder import Decoder, causal_mask
-from .sampling import SamplingParams, choose_token, make_generator
+from .sampling import SamplingParams, resolve_seed, sample_at
 
 PREFILL_CHUNK = 512   # tokens per prefill forward (bounds attention memory)
 
@@ -22,6 +22,7 @@ class GenerationResult:
     prompt_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     stop_reason: str = "length"          # "eos" or "length"
+    seed: int | None = None              # the sequence's sampling seed (None when greedy)
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
@@ -80,14 +81,15 @@ def generate_tokens(model: Decoder, prompt_ids: list[int], max_new_tokens: int,
     result = GenerationResult(prompt_ids=list(prompt_ids))
     if max_new_tokens <= 0:
         return result
-    generator = make_generator(params)
+    seed = None if params.greedy else resolve_seed(params)
+    result.seed = seed
     cache = model.new_cache(capacity=len(prompt_ids) + max_new_tokens)
     t0 = time.perf_counter()
     logits = prefill(model, prompt_ids, cache)
     result.prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     while True:
-        token = choose_token(logits, params, generator)
+        token = sample_at(logits, params, seed, position=len(prompt_ids) + len(result.token_ids))
         if result.emit(token, max_new_tokens, stop_ids, on_token):
             break
         pos = cache.length

@@ -1,34 +1,57 @@
 """The `lever` command: subcommands live in `lever.commands`; this file only dispatches
-and turns `LeverError`s into one line on stderr with exit status 2."""
+and turns every error the user can cause -- a bad command line included -- into
+one `lever: error:` line on stderr with exit status 2."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .errors import LeverError
+from .errors import LeverError, UsageError
+
+
+class LeverArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise UsageError (one line, naming the
+    subcommand's help) instead of printing the usage and exiting."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def parse_args(self, args=None, namespace=None):
+        """As ArgumentParser's, but an unknown argument names the subcommand's help."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(parsed, "command", None)
+            where = f"{self.prog} {command}" if command else self.prog
+            raise UsageError(f"unrecognized arguments: {' '.join(extras)} (see `{where} --help`)")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .commands import bench, convert, generate, models, profile, serve_verifier
 
-    parser = argparse.ArgumentParser(prog="lever", description="Speculative LLM inference with a flash-resident target.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = LeverArgumentParser(prog="lever", description="Speculative LLM inference with a flash-resident target.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")   # subparsers are LeverArgumentParsers too
     sub.required = True
     for command in (generate, convert, models, bench, profile, serve_verifier):
         command.add_parser(sub)
     return parser
 
 
+def one_line(message: object) -> str:
+    """`message` on one line (a multi-line message would read as several errors)."""
+    return " ".join(str(message).split("\n"))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.run(args)
     except LeverError as e:
-        print(f"lever: error: {e}", file=sys.stderr)
+        print(f"lever: error: {one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:          # unreadable file, full disk, ...: still one line
-        print(f"lever: error: {e}", file=sys.stderr)
+        print(f"lever: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lever: interrupted", file=sys.stderr)

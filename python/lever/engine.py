@@ -21,26 +21,34 @@ import torch
 from .draft.base import Drafter, TreeShape
 from .errors import LeverError
 from .autoregressive import GenerationResult, check_context
-from .sampling import SamplingParams, make_generator
+from .sampling import SamplingParams
 from .tree import TokenTree
 from .verify.target_pass import TargetVerifier
 
 MODES = ("ar", "chain", "tree", "lever")
+RULES = ("exact", "leviathan")
 
 
 @dataclass(frozen=True)
 class SpecConfig:
     """mode: ar | chain | tree | lever; draft_len: chain length k; tree: the static
-    tree shape; policy: the GainCostPolicy of mode lever."""
+    tree shape; policy: the GainCostPolicy of mode lever; rule: "exact" (the
+    greedy walk, or under sampling the position-keyed draws that reproduce
+    plain sampling's text) or "leviathan" (mode chain only: the conventional
+    min(1, p/q) rule, exact in distribution but not draw for draw)."""
 
     mode: str = "tree"
     draft_len: int = 4
     tree: TreeShape = TreeShape()
     policy: object = field(default=None, compare=False)
+    rule: str = "exact"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise LeverError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
+        if self.rule not in RULES or (self.rule == "leviathan" and self.mode != "chain"):
+            raise LeverError(f"rule {self.rule!r} is not available in mode {self.mode} "
+                             f"(rules: exact; leviathan with mode chain)")
         if self.draft_len < 1:
             raise LeverError(f"--draft-len must be >= 1, got {self.draft_len}")
         if self.mode == "lever" and self.policy is None:
@@ -121,13 +129,14 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
     result, stats = GenerationResult(prompt_ids=list(prompt_ids)), SpecStats()
     if max_new_tokens <= 0:
         return result, stats
-    generator = make_generator(params)            # the drafter's own draws (sampled chains)
     first_record = len(spec.policy.record.tree_sizes) if spec.mode == "lever" else 0
     t_start = time.perf_counter()
     try:
         verifier.start(prompt_ids)
+        seed = verifier.seed            # the drafter draws sampled chains with the target's noise
+        result.seed = None if params.greedy else seed
         if drafter is not None:
-            drafter.reset(prompt_ids)
+            drafter.reset(prompt_ids, capacity=len(prompt_ids) + max_new_tokens + drafter_rows(spec) + 2)
         result.prefill_s = time.perf_counter() - t_start
         t_decode = time.perf_counter()
         root = prompt_ids[-1]
@@ -140,8 +149,10 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
             elif spec.mode == "tree":
                 tree = drafter.draft_tree(root, spec.tree)
             elif spec.mode == "chain":
-                tree, draft_probs = drafter.draft_chain(root, spec.draft_len, params, generator)
-                if draft_probs is None and not params.greedy:   # a deterministic draft: q is one-hot
+                tree, draft_probs = drafter.draft_chain(root, spec.draft_len, params, seed)
+                if spec.rule != "leviathan" or params.greedy:
+                    draft_probs = None
+                elif draft_probs is None:                        # a deterministic draft: q is one-hot
                     draft_probs = one_hot_draft_probs(tree, verifier.vocab_size)
             else:
                 tree = TokenTree(root)
@@ -175,6 +186,13 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
         if spec.mode == "lever":
             stats.policy = spec.policy.report(since=first_record)
     return result, stats
+
+
+def drafter_rows(spec: SpecConfig) -> int:
+    """Draft KV rows one iteration may add on top of the committed tokens: the
+    nodes the drafter forwards (the root and at most max_tree_nodes others;
+    mode lever expands only nodes among the first max_nodes of its pool)."""
+    return spec.max_tree_nodes + 1
 
 
 def one_hot_draft_probs(tree: TokenTree, vocab_size: int) -> torch.Tensor:

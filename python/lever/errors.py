@@ -61,3 +61,12 @@ class FlashReadError(LeverError):
 
 class ChecksumError(FlashReadError):
     """A chunk read from flash does not match its stored CRC32C."""
+
+
+class UsageError(LeverError):
+    """A command line that cannot be parsed: an unknown option, a missing or
+    out-of-range value (the message names the option)."""
+
+
+class PromptError(LeverError):
+    """A prompt that cannot be used: unreadable, not UTF-8, too large or empty."""

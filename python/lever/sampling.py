@@ -1,5 +1,12 @@
 """Target-side token choice: greedy, or sampling from the processed distribution.
 
+Sampling is keyed by position: the token at position t is the Gumbel-max
+draw of the processed distribution at t with noise derived from (seed, t)
+alone (`sample_at`).  So the same seed gives the same text whatever drafts
+were proposed and however the trees were sized, in every mode, locally and
+on a verifier server, and across restarts; and since the noise of different
+positions is independent, the text has exactly the target's distribution.
+
 `processed_probs` is *the* distribution the target samples from (temperature,
 then top-k, then top-p, in that order as in Hugging Face); speculative
 verification later uses the same function, which is what keeps it exact.
@@ -8,8 +15,10 @@ verification later uses the same function, which is what keeps it exact.
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -57,8 +66,9 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities [..., vocab] (float32) after temperature, top-k and top-p."""
+def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Logits [..., vocab] (float32) divided by the temperature, with the tokens
+    that top-k and top-p remove set to -inf (greedy params are not allowed)."""
     logits = logits.float() / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -70,17 +80,50 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
+    return logits
 
 
-def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token id from logits [vocab]: argmax when greedy, else a seeded draw."""
+def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities [..., vocab] (float32) after temperature, top-k and top-p:
+    *the* distribution the target samples from."""
+    return processed_logits(logits, params).softmax(-1)
+
+
+def resolve_seed(params: SamplingParams) -> int:
+    """The sequence's seed: params.seed, else a fresh random one in 0..MAX_SEED."""
+    return params.seed if params.seed is not None else secrets.randbelow(MAX_SEED + 1)
+
+
+# splitmix64 constants (a counter-based generator: any (seed, position, token)
+# maps to its own 64 random bits, with no state carried between draws)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MUL1, _MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> np.uint64(30))) * _MUL1
+    x = (x ^ (x >> np.uint64(27))) * _MUL2
+    return x ^ (x >> np.uint64(31))
+
+
+def position_noise(seed: int, position: int, vocab_size: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise [vocab_size] (float64) of the token at `position`
+    (tokens before it in the sequence) for sequence seed `seed`: the same
+    numbers on every call, in every process and on every machine."""
+    with np.errstate(over="ignore"):
+        key = _mix64(np.array([seed], dtype=np.uint64) ^ _mix64(np.array([position], dtype=np.uint64) + _GOLDEN))
+        bits = _mix64(key + np.arange(1, vocab_size + 1, dtype=np.uint64) * _GOLDEN)
+    uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53      # in (0, 1)
+    return torch.from_numpy(-np.log(-np.log(uniform)))
+
+
+def sample_at(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+    """The token at `position` given the model's logits [vocab] there: the
+    argmax when greedy, else the Gumbel-max draw argmax(processed logits +
+    position_noise(seed, position)), which is a draw from processed_probs.
+    It depends on (seed, position, the distribution) only -- not on how the
+    token was reached (plain decoding, a chain, a tree, a remote verifier)."""
     if params.greedy:
         return int(torch.argmax(logits))
-    return int(torch.multinomial(processed_probs(logits, params), 1, generator=generator))
-
-
-def make_generator(params: SamplingParams) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(params.seed if params.seed is not None else torch.seed())
-    return g
+    scores = processed_logits(logits, params).double() + position_noise(seed, position, logits.shape[-1])
+    return int(torch.argmax(scores))

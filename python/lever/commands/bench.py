@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LeverError, StoreError
-from .options import add_reader_options, add_target_choice
+from . import arg_types
+from .limits import MAX_BENCH_PROMPTS, MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_TREE_DEPTH, MAX_TREE_NODES, MAX_TREE_TOPK
+from .options import add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options, add_target_choice
 
 QUICK = dict(prompts=2, new_tokens=16, modes=["ar", "chain:4", "tree:16"])
 FULL = dict(prompts=10, new_tokens=64, modes=["ar", "chain:4", "chain:6", "chain:8", "tree:16", "tree:32", "tree:64"])
@@ -51,7 +53,8 @@ class BenchMode:
 
 def parse_mode(text: str) -> BenchMode:
     """'ar', 'chain:K', 'tree:N' (node budget N, topk 4, depth 8), 'tree:N:TOPK:DEPTH',
-    or 'lever' / 'lever:N' (the gain-cost policy, at most N draft nodes, default 255)."""
+    or 'lever' / 'lever:N' (the gain-cost policy, at most N draft nodes, default 255);
+    each number within the limits of lever.commands.limits."""
     from ..draft.base import TreeShape
     from ..engine import SpecConfig
 
@@ -60,24 +63,35 @@ def parse_mode(text: str) -> BenchMode:
                      f"(e.g. ar, chain:4, tree:32, tree:32:4:8)")
     kind, nums = parts[0], parts[1:]
     try:
-        values = [int(v) for v in nums]
+        values = [int(v) for v in nums if len(v) <= 16]
     except ValueError:
         raise bad from None
-    if any(v < 1 for v in values):
+    if len(values) < len(nums) or any(v < 1 for v in values):
         raise bad
     if kind == "ar" and not values:
         return BenchMode("ar", SpecConfig("ar"))
     if kind == LEVER and len(values) <= 1:
         from ..policy import DEFAULT_MAX_NODES
         nodes = values[0] if values else DEFAULT_MAX_NODES
+        _check_limits(text, [("draft nodes", nodes, MAX_TREE_NODES)])
         return BenchMode(LEVER if not values else f"{LEVER}:{nodes}", None, lever_nodes=nodes)
     if kind == "chain" and len(values) == 1:
+        _check_limits(text, [("chain length", values[0], MAX_DRAFT_LEN)])
         return BenchMode(f"chain:{values[0]}", SpecConfig("chain", draft_len=values[0]))
     if kind == "tree" and len(values) in (1, 3):
         budget, topk, depth = (values + [TREE_TOPK, TREE_DEPTH])[:3]
+        _check_limits(text, [("tree nodes", budget, MAX_TREE_NODES), ("topk", topk, MAX_TREE_TOPK),
+                             ("depth", depth, MAX_TREE_DEPTH)])
         label = f"tree:{budget}" if (topk, depth) == (TREE_TOPK, TREE_DEPTH) else f"tree:{budget}:{topk}:{depth}"
         return BenchMode(label, SpecConfig("tree", tree=TreeShape(budget, topk, depth)))
     raise bad
+
+
+def _check_limits(text: str, values: list[tuple[str, int, int]]) -> None:
+    """LeverError naming the first (what, value, limit) whose value exceeds its limit."""
+    for what, value, limit in values:
+        if value > limit:
+            raise LeverError(f"bad mode spec {text!r}: {what} at most {limit}, got {value}")
 
 
 def parse_modes(texts: list[str]) -> tuple[list[BenchMode], bool]:
@@ -106,24 +120,22 @@ def add_parser(subparsers) -> None:
         description="Run ar, chain and tree speculative decoding over the same fixed prompts (one process, "
                     "modes interleaved per prompt); print a table and write JSON and a PNG chart.")
     add_target_choice(p)
-    p.add_argument("--draft", default="ngram", metavar="NAME",
+    p.add_argument("--draft", type=arg_types.name, default="ngram", metavar="NAME",
                    help="draft model kept in DRAM (registered name or path), or 'ngram' (default)")
-    p.add_argument("--dram-budget", default="600MB", metavar="SIZE",
-                   help="DRAM the streamed target may use (default 600MB)")
+    add_dram_budget(p)
     p.add_argument("--modes", nargs="+", default=None, metavar="MODE",
                    help=f"modes to compare, each {MODE_HELP}; tree:N = node budget N, topk {TREE_TOPK}, "
                         f"depth {TREE_DEPTH}; lever = the gain-cost policy (default: {' '.join(FULL['modes'])}, "
                         f"plus lever with a draft model; ar is always included)")
-    p.add_argument("--prompts", type=int, default=None, metavar="N",
+    p.add_argument("--prompts", type=arg_types.integer(1, MAX_BENCH_PROMPTS), default=None, metavar="N",
                    help=f"first N prompts of the set (default {FULL['prompts']})")
-    p.add_argument("--prompt-set", default="v1", metavar="VERSION", help="prompt set version (default v1)")
-    p.add_argument("--categories", nargs="+", default=None, metavar="CAT",
+    p.add_argument("--prompt-set", type=arg_types.name, default="v1", metavar="VERSION",
+                   help="prompt set version (default v1)")
+    p.add_argument("--categories", type=arg_types.name, nargs="+", default=None, metavar="CAT",
                    help="only prompts of these categories (code, math, prose)")
-    p.add_argument("--new-tokens", type=int, default=None, metavar="N",
+    p.add_argument("--new-tokens", type=arg_types.integer(1, MAX_NEW_TOKENS), default=None, metavar="N",
                    help=f"tokens generated per prompt (default {FULL['new_tokens']})")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0 = greedy (default; modes are then checked token for token against ar)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (temperature > 0)")
+    add_sampling_options(p, top=False, seed_default=0)    # temperature 0: modes are checked against ar
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
     p.add_argument("--kernels", default="native", choices=["native", "torch"],
                    help="native: quantised matrices stay quantised and Lever's kernels multiply them "
@@ -137,11 +149,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke run: {QUICK['prompts']} prompts, {QUICK['new_tokens']} tokens, modes "
                         f"{' '.join(QUICK['modes'])} (explicit options still win)")
-    p.add_argument("--out", default=None, metavar="DIR",
+    p.add_argument("--out", type=arg_types.directory, default=None, metavar="DIR",
                    help="where to write NAME.json and NAME.png (default bench/results in a Lever checkout, "
                         "else ./lever-bench-results)")
-    p.add_argument("--name", default="bench", help="file name stem of the outputs (default bench)")
-    p.add_argument("--cache-dir", default=None, help="where assembled models and tokenizers are cached")
+    p.add_argument("--name", type=arg_types.file_stem, default="bench",
+                   help="file name stem of the outputs (default bench)")
+    add_cache_dir(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(run=run)
 
@@ -169,19 +182,15 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     from ..sampling import SamplingParams
     from ..store.flash_reader import drop_page_cache
     from ..store.manifest import StoreManifest
-    from ..store.residency import parse_size
 
     preset = QUICK if args.quick else FULL
     n_prompts = args.prompts if args.prompts is not None else preset["prompts"]
     new_tokens = args.new_tokens if args.new_tokens is not None else preset["new_tokens"]
     default_modes = preset["modes"] + ([LEVER] if args.draft != "ngram" else [])   # lever needs a draft model
     modes, ar_added = parse_modes(args.modes if args.modes is not None else default_modes)
-    if new_tokens < 1:
-        raise LeverError(f"--new-tokens must be >= 1, got {new_tokens}")
-    if n_prompts < 1:
-        raise LeverError(f"--prompts must be >= 1, got {n_prompts}")
-    if args.prefetch_depth < 1:
-        raise LeverError(f"--prefetch-depth must be >= 1, got {args.prefetch_depth}")
+    if args.draft == "ngram" and any(m.lever_nodes for m in modes):
+        raise LeverError("mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has "
+                         "no draft probabilities to calibrate")
     try:
         params = SamplingParams(temperature=args.temperature, seed=args.seed)
     except ValueError as e:
@@ -201,10 +210,11 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
             manifest = StoreManifest.load(store)
         except StoreError as e:
             raise StoreError(f"--target-store: {e} (make one with `lever convert MODEL --out DIR`)") from None
-        budget = parse_size(args.dram_budget)
+        budget = args.dram_budget
         tok = store_tokenizer(store, args.cache_dir)
         ids = [tok.encode(tok.format_prompt(p["text"], chat=True)) for p in prompts]
-        kv_tokens = max(map(len, ids)) + new_tokens + max_draft + 2
+        # what the longest run needs, at most the context (a longer run is refused by the context check)
+        kv_tokens = min(manifest.config.max_context, max(map(len, ids)) + new_tokens + max_draft + 2)
         loaded = load_store(store, budget, dtype=args.dtype, backend=args.reader,
                             quantized=args.kernels == "native",
                             prefetch_depth=args.prefetch_depth, kv_tokens=kv_tokens, cache_dir=args.cache_dir,
@@ -234,12 +244,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     for i, m in enumerate(modes):
         if m.lever_nodes:
             from ..policy import lever_policy
-            from ..store.residency import parse_rate
-            if args.draft == "ngram":
-                raise LeverError("mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has "
-                                 "no draft probabilities to calibrate")
             policy = lever_policy(target, drafter, target_id=loaded.path, kernels=args.kernels, reader=args.reader,
-                                  read_limit_bytes_per_s=parse_rate(args.read_limit) if streamed else 0.0,
+                                  read_limit_bytes_per_s=args.read_limit if streamed else 0.0,
                                   dram_budget=budget, dtype=args.dtype, params=params, cache_dir=args.cache_dir,
                                   max_nodes=m.lever_nodes, progress=not args.no_progress)
             policies.append(policy)

@@ -7,18 +7,21 @@ import sys
 
 from ..store.convert import STORAGE_FORMATS, convert
 from ..store.manifest import StoreManifest
+from . import arg_types
+from .options import add_cache_dir
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("convert", help="convert a model into a flash store",
                               description="Write a flash store: one 4 KiB-aligned extent per decoder layer, "
                                           "checksummed, written atomically.")
-    p.add_argument("model", help="registered model name (see `lever models`) or GGUF file")
-    p.add_argument("--out", required=True, help="store directory to create")
+    p.add_argument("model", type=arg_types.name, help="registered model name (see `lever models`) or GGUF file")
+    p.add_argument("--out", type=arg_types.directory, required=True, metavar="DIR",
+                   help="store directory to create")
     p.add_argument("--dtype", default="source", choices=STORAGE_FORMATS,
                    help="storage format: the GGUF's own block types (source, default) or bf16")
     p.add_argument("--force", action="store_true", help="replace an existing directory")
-    p.add_argument("--cache-dir", default=None)
+    add_cache_dir(p)
     p.set_defaults(run=run)
 
 

@@ -10,63 +10,71 @@ import torch
 
 from ..api import DEFAULT_MODEL, load
 from ..errors import LeverError
-from .options import add_reader_options
+from . import arg_types
+from .limits import (MAX_CALL_COST_MS, MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_RETRY_DEADLINE_S, MAX_TREE_DEPTH,
+                     MAX_TREE_NODES, MAX_TREE_TOPK)
+from .options import add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options
+from .prompt_input import add_prompt_options, read_prompt
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text from a prompt",
                               description="Generate a completion; text streams to stdout.")
-    p.add_argument("--model", default=DEFAULT_MODEL,
+    p.add_argument("--model", type=arg_types.name, default=DEFAULT_MODEL,
                    help=f"registered model name (see `lever models`), GGUF file or checkpoint dir "
                         f"(default: {DEFAULT_MODEL})")
-    p.add_argument("--prompt", required=True, help="prompt text ('-' reads it from stdin)")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
-    p.add_argument("--top-k", type=int, default=0, metavar="K")
-    p.add_argument("--seed", type=int, default=None, metavar="S")
+    add_prompt_options(p)
+    p.add_argument("--max-new-tokens", type=arg_types.integer(0, MAX_NEW_TOKENS), default=128, metavar="N",
+                   help="tokens to generate at most (default 128)")
+    add_sampling_options(p, top=True, seed_default=None)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"],
                    help="compute dtype (default bfloat16)")
     p.add_argument("--kernels", default="native", choices=["native", "torch"],
                    help="native: quantised matrices stay quantised and Lever's kernels multiply them "
                         "(default); torch: dequantise them to --dtype and use torch matmul")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
-    p.add_argument("--cache-dir", default=None, help="where assembled models and tokenizers are cached")
+    add_cache_dir(p)
     flash = p.add_argument_group("flash-resident target")
-    flash.add_argument("--target-store", default=None, metavar="DIR",
+    flash.add_argument("--target-store", type=arg_types.store_dir, default=None, metavar="DIR",
                        help="stream the target from this store (see `lever convert`) instead of --model")
-    flash.add_argument("--dram-budget", default="600MB", metavar="SIZE",
-                       help="DRAM the target may use: pinned layers, buffers, KV cache (default 600MB)")
+    add_dram_budget(flash, "the target")
     spec = p.add_argument_group("speculative decoding")
-    spec.add_argument("--draft", default=None, metavar="NAME",
+    spec.add_argument("--draft", type=arg_types.name, default=None, metavar="NAME",
                       help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)")
     spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree", "lever"],
                       help="ar: target alone; chain: k drafted tokens, Leviathan rule; tree: a static token "
                            "tree; lever: a tree sized per iteration by expected tokens per second from this "
                            "device's profile (default: lever with a draft model and --target-store, tree with "
                            "another --draft, else ar)")
-    spec.add_argument("--draft-len", type=int, default=4, metavar="K", help="chain length (default 4)")
-    spec.add_argument("--tree-budget", type=int, default=32, metavar="N", help="draft nodes per tree (default 32)")
-    spec.add_argument("--tree-topk", type=int, default=4, metavar="K", help="children per node (default 4)")
-    spec.add_argument("--tree-depth", type=int, default=8, metavar="D", help="tree levels (default 8)")
-    spec.add_argument("--lever-max-nodes", type=int, default=255, metavar="N",
-                      help="mode lever: draft nodes per tree at most (default 255)")
-    spec.add_argument("--lever-max-depth", type=int, default=12, metavar="D",
-                      help="mode lever: deepest draft node (default 12)")
-    spec.add_argument("--lever-topk", type=int, default=4, metavar="K",
-                      help="mode lever: children the draft offers per expanded node (default 4)")
+    spec.add_argument("--draft-len", type=arg_types.integer(1, MAX_DRAFT_LEN), default=4, metavar="K",
+                      help=f"chain length, 1..{MAX_DRAFT_LEN} (default 4)")
+    spec.add_argument("--tree-budget", type=arg_types.integer(1, MAX_TREE_NODES), default=32, metavar="N",
+                      help=f"draft nodes per tree, 1..{MAX_TREE_NODES} (default 32)")
+    spec.add_argument("--tree-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
+                      help=f"children per node, 1..{MAX_TREE_TOPK} (default 4)")
+    spec.add_argument("--tree-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=8, metavar="D",
+                      help=f"tree levels, 1..{MAX_TREE_DEPTH} (default 8)")
+    spec.add_argument("--lever-max-nodes", type=arg_types.integer(1, MAX_TREE_NODES), default=255, metavar="N",
+                      help=f"mode lever: draft nodes per tree at most, 1..{MAX_TREE_NODES} (default 255)")
+    spec.add_argument("--lever-max-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=12, metavar="D",
+                      help=f"mode lever: deepest draft node, 1..{MAX_TREE_DEPTH} (default 12)")
+    spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
+                      help=f"mode lever: children the draft offers per expanded node, 1..{MAX_TREE_TOPK} "
+                           f"(default 4)")
     spec.add_argument("--reprofile", action="store_true",
                       help="mode lever: measure the device profile again even if one is cached")
     add_reader_options(flash)
     remote = p.add_argument_group("edge-cloud: the target on a verifier server (`lever serve-verifier`)")
-    remote.add_argument("--remote", default=None, metavar="URL",
+    remote.add_argument("--remote", type=arg_types.name, default=None, metavar="URL",
                         help="verify on the server at URL (http://HOST:PORT); --draft drafts and tokenizes here "
                              "(default mode lever; --mode ar is target-only remote decoding)")
-    remote.add_argument("--token-file", default=None, metavar="F", help="file holding the server's bearer token")
-    remote.add_argument("--call-cost-ms", type=float, default=0.0, metavar="MS",
+    remote.add_argument("--token-file", type=arg_types.name, default=None, metavar="F",
+                        help="file holding the server's bearer token")
+    remote.add_argument("--call-cost-ms", type=arg_types.real(0.0, MAX_CALL_COST_MS), default=0.0, metavar="MS",
                         help="mode lever: count each target call as this many extra milliseconds when sizing "
                              "trees, trading speed for fewer server calls (default 0: fastest)")
-    remote.add_argument("--retry-deadline", type=float, default=30.0, metavar="SECONDS",
+    remote.add_argument("--retry-deadline", type=arg_types.real(0.0, MAX_RETRY_DEADLINE_S), default=30.0,
+                        metavar="SECONDS",
                         help="keep retrying an unanswered request this long, then stop with what was "
                              "generated (default 30)")
     flash.add_argument("--drop-caches", action="store_true",
@@ -77,16 +85,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if args.max_new_tokens < 0:
-        raise LeverError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    try:
-        from ..sampling import SamplingParams
-        SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-    except ValueError as e:
-        raise LeverError(str(e)) from None
+    prompt = read_prompt(args)
     if args.remote:
         return run_remote(args, prompt)
+    mode = args.mode or default_mode(args.draft, args.target_store)
+    check_mode(mode, args.draft)
     page_cache = None
     if args.target_store:
         from ..api import load_store
@@ -106,16 +109,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     drafter, spec, policy = None, None, None
-    mode = args.mode or default_mode(args.draft, args.target_store)
     if args.draft or mode != "ar":
         from ..api import make_drafter
         from ..draft.base import TreeShape
         from ..engine import SpecConfig
-        if mode != "ar" and not args.draft:
-            raise LeverError(f"--mode {mode} needs --draft (a draft model or 'ngram')")
-        if mode == "lever" and args.draft == "ngram":
-            raise LeverError("--mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
-                             "draft probabilities to calibrate")
         try:
             shape = TreeShape(args.tree_budget, args.tree_topk, args.tree_depth)
         except ValueError as e:
@@ -126,11 +123,10 @@ def run(args: argparse.Namespace) -> int:
         if mode == "lever":
             from ..policy import lever_policy
             from ..sampling import SamplingParams
-            from ..store.residency import parse_rate, parse_size
             policy = lever_policy(
                 loaded.model, drafter, target_id=loaded.path, kernels=args.kernels, reader=args.reader,
-                read_limit_bytes_per_s=parse_rate(args.read_limit) if args.target_store else 0.0,
-                dram_budget=parse_size(args.dram_budget) if args.target_store else None, dtype=args.dtype,
+                read_limit_bytes_per_s=args.read_limit if args.target_store else 0.0,
+                dram_budget=args.dram_budget if args.target_store else None, dtype=args.dtype,
                 params=SamplingParams(args.temperature, args.top_p, args.top_k, args.seed),
                 cache_dir=args.cache_dir, max_nodes=args.lever_max_nodes, max_depth=args.lever_max_depth,
                 topk=args.lever_topk, force_profile=args.reprofile, progress=True)
@@ -233,6 +229,15 @@ def kernel_info(mode: str, model, drafter=None) -> dict:
     return info
 
 
+def check_mode(mode: str, draft: str | None) -> None:
+    """Refuse a local decoding mode that the --draft given cannot serve (before anything loads)."""
+    if mode != "ar" and not draft:
+        raise LeverError(f"--mode {mode} needs --draft (a draft model or 'ngram')")
+    if mode == "lever" and draft == "ngram":
+        raise LeverError("--mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
+                         "draft probabilities to calibrate")
+
+
 def default_mode(draft: str | None, target_store: str | None) -> str:
     """lever with a draft model and a flash store, tree with another draft, else ar."""
     if not draft:
@@ -243,8 +248,11 @@ def default_mode(draft: str | None, target_store: str | None) -> str:
 def _kv_tokens(args) -> int:
     """KV cache rows to budget for: a generous prompt allowance plus the new
     tokens, at least 2048 (what `lever profile` assumes, so its cached profile
-    has the same pinned layers and is found)."""
-    return max(2048, 1024 + max(0, args.max_new_tokens))
+    has the same pinned layers and is found), at most the store's context
+    (a longer request is refused by the context check, naming that limit)."""
+    from ..store.manifest import StoreManifest
+    context = StoreManifest.load(args.target_store).config.max_context
+    return min(context, max(2048, 1024 + max(0, args.max_new_tokens)))
 
 
 def flash_stats(report: dict, new_tokens: int, page_cache: str | None) -> dict:

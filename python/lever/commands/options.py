@@ -2,23 +2,54 @@
 
 from __future__ import annotations
 
+from ..sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
+from . import arg_types
+from .limits import MAX_PREFETCH_DEPTH, MIN_READ_RATE
+
 
 def add_target_choice(p) -> None:
     """--target-store DIR | --target NAME: a streamed or an in-memory target."""
     target = p.add_mutually_exclusive_group()
-    target.add_argument("--target-store", default=None, metavar="DIR",
+    target.add_argument("--target-store", type=arg_types.store_dir, default=None, metavar="DIR",
                         help="stream the target from this flash store (see `lever convert`)")
-    target.add_argument("--target", default=None, metavar="NAME",
+    target.add_argument("--target", type=arg_types.name, default=None, metavar="NAME",
                         help="an in-memory target: registered model name, GGUF file or checkpoint dir "
                              "(default when no --target-store: smollm2-135m)")
 
 
+def add_dram_budget(p, what: str = "the streamed target") -> None:
+    """--dram-budget SIZE, parsed to bytes."""
+    p.add_argument("--dram-budget", type=arg_types.size, default="600MB", metavar="SIZE",
+                   help=f"DRAM {what} may use: pinned layers, buffers, KV cache; 600MB (10^6), 1.5GiB (2^30) "
+                        f"or bytes (default 600MB)")
+
+
 def add_reader_options(p) -> None:
-    """--reader, --prefetch-depth and --read-limit of a streamed target."""
+    """--reader, --prefetch-depth and --read-limit (bytes/s) of a streamed target."""
     p.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
                    help="flash reader backend (auto: io_uring, else a pread thread pool)")
-    p.add_argument("--prefetch-depth", type=int, default=2, metavar="K",
-                   help="extents kept in flight ahead of the computing layer (default 2)")
-    p.add_argument("--read-limit", default="0", metavar="RATE",
-                   help="cap flash reads to emulate slower flash, e.g. 200MB/s, 1.5GiB/s or bytes/s "
-                        "(default 0 = unlimited)")
+    p.add_argument("--prefetch-depth", type=arg_types.integer(1, MAX_PREFETCH_DEPTH), default=2, metavar="K",
+                   help=f"extents kept in flight ahead of the computing layer, 1..{MAX_PREFETCH_DEPTH} (default 2)")
+    p.add_argument("--read-limit", type=arg_types.read_rate, default="0", metavar="RATE",
+                   help=f"cap flash reads (and the loading of pinned layers) to emulate slower flash, e.g. "
+                        f"200MB/s, 1.5GiB/s or bytes/s; at least {MIN_READ_RATE / 1e6:g}MB/s (default 0 = unlimited)")
+
+
+def add_sampling_options(p, *, top: bool, seed_default: int | None) -> None:
+    """--temperature, --seed and (with `top`) --top-p, --top-k, in the ranges of lever.sampling."""
+    p.add_argument("--temperature", type=arg_types.temperature, default=0.0, metavar="T",
+                   help=f"0 = greedy (default), else from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
+    if top:
+        p.add_argument("--top-p", type=arg_types.top_p, default=1.0, metavar="P",
+                       help=f"nucleus sampling, from {MIN_TOP_P:g} to 1 (default 1 = off)")
+        p.add_argument("--top-k", type=arg_types.top_k, default=0, metavar="K",
+                       help="keep the K most likely tokens (default 0 = off)")
+    p.add_argument("--seed", type=arg_types.seed, default=seed_default, metavar="S",
+                   help=f"sampling seed, 0..2**63-1 (default: {'random' if seed_default is None else seed_default})")
+
+
+def add_cache_dir(p) -> None:
+    """--cache-dir DIR (created when missing)."""
+    p.add_argument("--cache-dir", type=arg_types.directory, default=None, metavar="DIR",
+                   help="cache root for assembled models, tokenizers and profiles "
+                        "(default: $LEVER_CACHE_DIR or ~/.cache/lever)")

@@ -9,7 +9,9 @@ import json
 import sys
 
 from ..errors import LeverError
-from .options import add_reader_options, add_target_choice
+from . import arg_types
+from .limits import MAX_TREE_NODES
+from .options import add_cache_dir, add_dram_budget, add_reader_options, add_target_choice
 
 
 def add_parser(subparsers) -> None:
@@ -19,20 +21,20 @@ def add_parser(subparsers) -> None:
                     "per-iteration host work on this device; cache them per (models, store, backend, machine) "
                     "and print the predicted pass times.")
     add_target_choice(p)
-    p.add_argument("--draft", required=True, metavar="NAME",
+    p.add_argument("--draft", type=arg_types.name, required=True, metavar="NAME",
                    help="draft model kept in DRAM (registered name or path); 'ngram' has nothing to measure")
-    p.add_argument("--dram-budget", default="600MB", metavar="SIZE",
-                   help="DRAM the streamed target may use (default 600MB)")
+    add_dram_budget(p)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
     p.add_argument("--kernels", default="native", choices=["native", "torch"],
                    help="native: quantised matrices stay quantised (default); torch: dequantise, torch matmul")
     add_reader_options(p)
-    p.add_argument("--max-n", type=int, default=256, metavar="N",
-                   help="largest tree (tokens per target pass) to measure (default 256)")
+    p.add_argument("--max-n", type=arg_types.integer(1, MAX_TREE_NODES), default=256, metavar="N",
+                   help=f"largest tree (tokens per target pass) to measure, 1..{MAX_TREE_NODES} (default 256)")
     p.add_argument("--force", action="store_true", help="measure again even if a cached profile exists")
-    p.add_argument("--cache-dir", default=None, help="cache root (profiles go to CACHE/profiles)")
+    add_cache_dir(p)
     p.add_argument("--json", action="store_true", help="print the profile as JSON instead of the table")
-    p.add_argument("--plot", default=None, metavar="PATH", help="also write a PNG of pass and draft times")
+    p.add_argument("--plot", type=arg_types.output_file, default=None, metavar="PATH",
+                   help="also write a PNG of pass and draft times")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.set_defaults(run=run)
 
@@ -50,20 +52,17 @@ def run(args: argparse.Namespace) -> int:
     from ..api import DEFAULT_MODEL, load, load_store
     from ..cost.cost_model import CostModel
     from ..cost.profile import DEFAULT_DRAFT_GRID, load_or_measure, profile_key, profile_path
-    from ..store.residency import parse_rate, parse_size
 
     if args.draft == "ngram":
         raise LeverError("lever profile needs a draft model (--draft NAME, e.g. qwen2.5-coder-0.5b): "
                          "'ngram' runs no forward pass, so there is nothing to measure")
-    if args.prefetch_depth < 1:
-        raise LeverError(f"--prefetch-depth must be >= 1, got {args.prefetch_depth}")
     n_grid = n_grid_up_to(args.max_n)
-    read_limit = parse_rate(args.read_limit)
+    read_limit = args.read_limit
     quantized = args.kernels == "native"
     progress = not args.no_progress
     budget = None
     if args.target_store:
-        budget = parse_size(args.dram_budget)
+        budget = args.dram_budget
         loaded = load_store(args.target_store, budget, dtype=args.dtype, backend=args.reader,
                             prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, quantized=quantized,
                             max_read_bytes_per_s=read_limit)

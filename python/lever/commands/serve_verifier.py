@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import socket
+import stat
 import sys
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from ..errors import LeverError
 from .options import add_reader_options
 
 VERIFY_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+MIN_TOKEN_BYTES = 16
 
 
 def add_parser(subparsers) -> None:
@@ -28,7 +31,11 @@ def add_parser(subparsers) -> None:
                                                        "address needs --token-file)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--token-file", default=None, metavar="F",
-                   help="file holding the bearer token clients must send (Authorization: Bearer ...)")
+                   help="file holding the bearer token clients must send (Authorization: Bearer ...): at least "
+                        f"{MIN_TOKEN_BYTES} printable ASCII characters, readable by its owner only (chmod 600)")
+    p.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS with this certificate chain "
+                                                                   "(needs --tls-key)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
     p.add_argument("--max-sessions", type=int, default=16, metavar="N", help="open sessions at most (default 16)")
     p.add_argument("--max-session-tokens", type=int, default=4096, metavar="N",
                    help="tokens per session at most: prompt, generated and a tree (default 4096)")
@@ -38,6 +45,17 @@ def add_parser(subparsers) -> None:
                    help="close a session unused for this long (default 600)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="BYTES",
                    help="largest request body (default 1 MiB)")
+    p.add_argument("--prefill-chunk", type=int, default=128, metavar="TOKENS",
+                   help="prompt tokens per prefill step; other sessions' rounds run between steps (default 128)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="close a connection whose request headers are not complete this soon (default 10)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="answer 408 to a request whose body is not complete this soon after its headers "
+                        "(default 30)")
+    p.add_argument("--max-connections", type=int, default=256, metavar="N",
+                   help="open connections at most; more get a 503 (default 256)")
+    p.add_argument("--max-connections-per-ip", type=int, default=64, metavar="N",
+                   help="open connections at most from one address (default 64)")
     p.add_argument("--dram-budget", default="600MB", metavar="SIZE",
                    help="a flash store's DRAM budget: pinned layers, buffers, KV caches (default 600MB)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
@@ -48,12 +66,30 @@ def add_parser(subparsers) -> None:
 
 
 def read_token(path: str) -> str:
+    """The bearer token in the file at `path` (surrounding whitespace stripped)."""
     try:
         token = Path(path).read_text().strip()
-    except OSError as e:
-        raise LeverError(f"--token-file {path}: cannot be read ({e.strerror or e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise LeverError(f"--token-file {path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
     if not token or any(c.isspace() for c in token):
         raise LeverError(f"--token-file {path}: expected one token without spaces")
+    if not token.isascii() or not token.isprintable():
+        raise LeverError(f"--token-file {path}: the token must be printable ASCII")
+    return token
+
+
+def read_server_token(path: str) -> str:
+    """The server's bearer token: as `read_token`, and refused when shorter
+    than MIN_TOKEN_BYTES bytes or when the file is readable by its group or
+    by others (POSIX permissions)."""
+    token = read_token(path)
+    if len(token) < MIN_TOKEN_BYTES:
+        raise LeverError(f"--token-file {path}: the token has {len(token)} characters; use at least "
+                         f"{MIN_TOKEN_BYTES} (e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    mode = os.stat(path).st_mode
+    if os.name == "posix" and mode & (stat.S_IRGRP | stat.S_IROTH):
+        raise LeverError(f"--token-file {path}: readable by other users (mode {stat.S_IMODE(mode):o}); "
+                         f"chmod 600 {path}")
     return token
 
 
@@ -98,16 +134,23 @@ def run(args: argparse.Namespace) -> int:
     from ..remote.protocol import Limits
     from ..remote.server import VerifierServer, serve_forever
 
-    token = read_token(args.token_file) if args.token_file else None
+    from ..remote.tls import server_context
+
+    token = read_server_token(args.token_file) if args.token_file else None
     if token is None and not is_loopback(args.host):
         raise LeverError(f"refusing to serve on {args.host} without authentication: pass --token-file F "
                          f"(or bind 127.0.0.1)")
     if not 0 <= args.port < 65536:
         raise LeverError(f"--port must be in 0..65535, got {args.port}")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise LeverError("--tls-cert and --tls-key go together: pass both or neither")
+    tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     try:
         limits = Limits(max_sessions=args.max_sessions, max_session_tokens=args.max_session_tokens,
                         max_tree_nodes=args.max_tree_nodes, idle_ttl_s=args.idle_ttl,
-                        max_body_bytes=args.max_body_bytes)
+                        max_body_bytes=args.max_body_bytes, prefill_chunk=args.prefill_chunk,
+                        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                        max_connections=args.max_connections, max_connections_per_ip=args.max_connections_per_ip)
     except ValueError as e:
         raise LeverError(str(e)) from None
 
@@ -120,12 +163,12 @@ def run(args: argparse.Namespace) -> int:
                             tokenizer=loaded.tokenizer.fingerprint(), log=say)
 
     def ready(port: int) -> None:
-        say(f"serving {name} on http://{args.host}:{port} (protocol v1, "
+        say(f"serving {name} on {'https' if tls else 'http'}://{args.host}:{port} (protocol v1, "
             f"{'bearer token' if token else 'no authentication, loopback only'}; up to {limits.max_sessions} "
             f"sessions of {server.session_capacity} tokens, trees of {limits.max_tree_nodes} nodes)")
 
     try:
-        serve_forever(server, args.host, args.port, on_ready=ready)
+        serve_forever(server, args.host, args.port, on_ready=ready, ssl_context=tls)
     except OSError as e:
         raise LeverError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}") from None
     return 0

@@ -33,16 +33,18 @@ class TreeShape:
 
 
 class Drafter(Protocol):
-    def reset(self, prompt_ids: list[int]) -> None:
-        """Start a new sequence; the prompt's last token is the first root."""
+    def reset(self, prompt_ids: list[int], capacity: int | None = None) -> None:
+        """Start a new sequence; the prompt's last token is the first root.
+        capacity: KV rows a model drafter should allocate up front."""
 
     def draft_tree(self, root: int, shape: TreeShape) -> TokenTree:
         """A tree rooted at `root` (node 0)."""
 
     def draft_chain(self, root: int, k: int, params: SamplingParams,
-                    generator: torch.Generator) -> tuple[TokenTree, torch.Tensor | None]:
+                    seed: int | None) -> tuple[TokenTree, torch.Tensor | None]:
         """A chain of `k` draft tokens and, for sampling, the draft distributions
-        they were drawn from ([k, vocab]); None when the draft has none."""
+        they were drawn from ([k, vocab]); None when the draft has none.  seed:
+        the sequence's sampling seed (position-keyed draws; None when greedy)."""
 
     def commit(self, tree: TokenTree, accepted: list[int], next_token: int) -> None:
         """The target accepted nodes `accepted` of the last draft and chose `next_token`."""

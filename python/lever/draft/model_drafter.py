@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..autoregressive import prefill
-from ..sampling import SamplingParams, processed_probs
+from ..sampling import SamplingParams, processed_probs, sample_at
 from ..tree import TokenTree
 from .base import TreeShape
 
@@ -46,8 +46,12 @@ class ModelDrafter:
     def n_cached(self) -> int:
         return self.cache.length
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        self.cache = self.model.new_cache(capacity=len(prompt_ids) + 512)
+    def reset(self, prompt_ids: list[int], capacity: int | None = None) -> None:
+        """Start a sequence: prefill all but the prompt's last token.  capacity:
+        KV rows to allocate up front (prompt + new tokens + one iteration's
+        draft rows, as the engine computes it); the cache still grows between
+        forwards if a run needs more."""
+        self.cache = self.model.new_cache(capacity=capacity or len(prompt_ids) + 512)
         if len(prompt_ids) > 1:
             prefill(self.model, prompt_ids[:-1], self.cache)
         self.pending = []
@@ -129,18 +133,21 @@ class ModelDrafter:
         return tree
 
     def draft_chain(self, root: int, k: int, params: SamplingParams,
-                    generator: torch.Generator) -> tuple[TokenTree, torch.Tensor | None]:
+                    seed: int | None) -> tuple[TokenTree, torch.Tensor | None]:
+        """A chain of `k` draft tokens: the draft's argmax when greedy, else the
+        draft's own position-keyed draw (`sample_at` with the target's `seed`),
+        so a draft close to the target proposes the very token the target will
+        draw.  Returns the draft distributions q too ([k, vocab]) when sampling."""
         self.start_tree()
         tree = TokenTree(root)
         probs = []
         for i in range(k):
             logits = self._forward(tree, [i])[0]
+            tok = sample_at(logits, params, seed, self._committed + i + 1)
             if params.greedy:
-                tok = int(logits.argmax())
                 lp = float(torch.log_softmax(logits.float(), -1)[tok])
             else:
                 q = processed_probs(logits, params)
-                tok = int(torch.multinomial(q, 1, generator=generator))
                 probs.append(q)
                 lp = float(torch.log(q[tok]))
             tree.add(i, tok, lp)

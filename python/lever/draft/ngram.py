@@ -18,7 +18,7 @@ class NgramDrafter:
         self.max_ngram, self.min_ngram, self.branches = max_ngram, min_ngram, branches
         self.tokens: list[int] = []
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], capacity: int | None = None) -> None:
         self.tokens = list(prompt_ids)
 
     def _continuations(self, length: int, limit: int) -> list[list[int]]:
@@ -54,7 +54,7 @@ class NgramDrafter:
         return tree
 
     def draft_chain(self, root: int, k: int, params: SamplingParams,
-                    generator: torch.Generator) -> tuple[TokenTree, torch.Tensor | None]:
+                    seed: int | None) -> tuple[TokenTree, torch.Tensor | None]:
         tree = TokenTree(root)
         conts = self._continuations(k, 1)
         for i, tok in enumerate(conts[0] if conts else []):

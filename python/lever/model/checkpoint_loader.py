@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import ModelFormatError, UnsupportedModelError
-from .config import SUPPORTED_ARCHS, ModelConfig
+from .config import SUPPORTED_ARCHS, ModelConfig, checked_config
 from .decoder import Decoder
 from .weights import build_decoder
 
@@ -27,24 +27,40 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     if rope_type not in ("default", None):
         raise UnsupportedModelError(f"{source}: RoPE scaling {rope_type!r} is not supported")
     try:
-        hidden, n_heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-        return ModelConfig(
+        hidden, n_heads = _int(hf["hidden_size"]), _int(hf["num_attention_heads"])
+        values = dict(
             arch=arch,
-            vocab_size=int(hf["vocab_size"]),
+            vocab_size=_int(hf["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=int(hf["intermediate_size"]),
-            n_layers=int(hf["num_hidden_layers"]),
+            intermediate_size=_int(hf["intermediate_size"]),
+            n_layers=_int(hf["num_hidden_layers"]),
             n_heads=n_heads,
-            n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
-            head_dim=int(hf.get("head_dim") or hidden // n_heads),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
-            max_context=int(hf.get("max_position_embeddings", 4096)),
+            n_kv_heads=_int(hf.get("num_key_value_heads") or n_heads),
+            head_dim=_int(hf.get("head_dim") or (hidden // n_heads if n_heads > 0 else 0)),
+            rms_norm_eps=_float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=_float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            max_context=_int(hf.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=True if arch == "qwen2" else bool(hf.get("attention_bias", False)),
         )
     except KeyError as e:
         raise ModelFormatError(f"{source}: key {e.args[0]!r} is missing") from None
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ModelFormatError(f"{source}: a hyperparameter is not a number ({e})") from None
+    return checked_config(values, source, ModelFormatError)
+
+
+def _int(value) -> int:
+    """A JSON integer (floats with a fraction, strings and bools refused)."""
+    if type(value) is bool or (type(value) is float and not value.is_integer()):
+        raise ValueError(f"{value!r} is not an integer")
+    return int(value)
+
+
+def _float(value) -> float:
+    if type(value) not in (int, float):
+        raise ValueError(f"{value!r} is not a number")
+    return float(value)
 
 
 def checkpoint_tensors(directory: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import ModelFormatError
+from .gguf_checks import check_alignment, check_counts, check_tensor_ranges
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -38,6 +40,8 @@ _NUMPY_TYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "
                 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
 _MAX_DIMS = 8
 _MAX_STRING = 1 << 30          # bytes; a longer string means a corrupt header
+_MAX_NESTING = 3               # arrays of arrays: deeper means a corrupt header
+_ARRAY_HEADER = 12             # bytes: u32 element type + u64 count
 
 
 @dataclass(frozen=True)
@@ -65,14 +69,20 @@ class TensorInfo:
             return f"type{self.qtype}"
 
 
-def tensor_nbytes(qtype: int, n_elements: int, name: str = "?") -> int:
-    """Bytes taken by `n_elements` values of ggml type `qtype`."""
+def tensor_nbytes(qtype: int, n_elements: int, name: str = "?", path: str | os.PathLike = "",
+                  row: int | None = None) -> int:
+    """Bytes taken by `n_elements` values of ggml type `qtype` (of tensor `name`
+    in file `path`); `row`: the innermost dimension, which must hold whole blocks."""
+    where = f"{path}: tensor {name!r}" if path else f"tensor {name!r}"
     try:
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
     except (ValueError, KeyError):
-        raise ModelFormatError(f"tensor {name!r} has unknown ggml type id {qtype}") from None
+        raise ModelFormatError(f"{where} has unknown ggml type id {qtype}") from None
+    if row is not None and row % block:
+        raise ModelFormatError(f"{where}: rows of {row} elements are not whole "
+                               f"{GGMLQuantizationType(qtype).name} blocks of {block}")
     if n_elements % block:
-        raise ModelFormatError(f"tensor {name!r}: {n_elements} elements is not a multiple of "
+        raise ModelFormatError(f"{where}: {n_elements} elements is not a multiple of "
                                f"the {GGMLQuantizationType(qtype).name} block size {block}")
     return n_elements // block * size
 
@@ -103,22 +113,34 @@ class _HeaderReader:
             raise ModelFormatError(f"{self.path}: corrupt GGUF header (string of {n:,} bytes)")
         return self.take(n).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, key: str = "?", depth: int = 0) -> Any:
+        """One metadata value of type id `vtype` (of key `key`, for errors)."""
         if vtype in _SCALAR_FORMATS:
             return self.scalar(_SCALAR_FORMATS[vtype])
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
-            etype, count = self.scalar("<I"), self.scalar("<Q")
-            if count >= 1 << 40:
-                raise ModelFormatError(f"{self.path}: corrupt GGUF header (array of {count} items)")
-            self.need(count * (8 if etype == _STRING else 1))   # lower bound on its bytes
-            if etype in _NUMPY_TYPES:        # numbers: one read, then a list
-                dt = np.dtype(_NUMPY_TYPES[etype])
-                arr = np.frombuffer(self.take(dt.itemsize * count), dtype=dt)
-                return (arr.astype(bool) if etype == 7 else arr).tolist()
-            return [self.value(etype) for _ in range(count)]
-        raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata value type {vtype})")
+            return self.array(key, depth)
+        raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata {key!r} has value type {vtype})")
+
+    def array(self, key: str, depth: int) -> list:
+        etype, count = self.scalar("<I"), self.scalar("<Q")
+        if etype not in _SCALAR_FORMATS and etype not in (_STRING, _ARRAY):
+            raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata {key!r}: "
+                                   f"array of value type {etype})")
+        if etype == _ARRAY and depth + 1 >= _MAX_NESTING:
+            raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata {key!r}: "
+                                   f"arrays nested more than {_MAX_NESTING} deep)")
+        min_item = {_STRING: 8, _ARRAY: _ARRAY_HEADER}.get(etype) or struct.calcsize(_SCALAR_FORMATS[etype])
+        pos = self.f.tell()
+        if count * min_item > self.file_size - pos:      # before anything is allocated
+            raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata {key!r}: array of "
+                                   f"{count:,} items at offset {pos:,} does not fit in the file)")
+        if etype in _NUMPY_TYPES:        # numbers: one read, then a list
+            dt = np.dtype(_NUMPY_TYPES[etype])
+            arr = np.frombuffer(self.take(dt.itemsize * count), dtype=dt)
+            return (arr.astype(bool) if etype == 7 else arr).tolist()
+        return [self.value(etype, key, depth + 1) for _ in range(count)]
 
 
 class GGUFFile:
@@ -131,12 +153,11 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelFormatError(f"{self.path}: no such file")
-        self.file_size = self.path.stat().st_size
-        with open(self.path, "rb") as f:
+        with open_regular(self.path) as f:
+            self.file_size = os.fstat(f.fileno()).st_size
             self._parse(_HeaderReader(f, self.path, self.file_size))
         self._check_size()
+        check_tensor_ranges(self.path, list(self.tensors.values()), self.alignment, self.data_offset)
         self._mmap: mmap.mmap | None = None
 
     # -- parsing -------------------------------------------------------------
@@ -149,39 +170,54 @@ class GGUFFile:
         if self.version not in (2, 3):
             raise ModelFormatError(f"{self.path}: unsupported GGUF version {self.version} (supported: 2, 3)")
         n_tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
-        if n_tensors > 1_000_000 or n_kv > 1_000_000:
-            raise ModelFormatError(f"{self.path}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
+        check_counts(self.path, n_tensors, n_kv, self.file_size - r.f.tell())
         self.metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = r.string()
-            self.metadata[key] = r.value(r.scalar("<I"))
-        infos = []
-        for _ in range(n_tensors):
-            name = r.string()
-            n_dims = r.scalar("<I")
-            if n_dims > _MAX_DIMS:
-                raise ModelFormatError(f"{self.path}: corrupt tensor info for {name!r} ({n_dims} dims)")
-            dims = [r.scalar("<Q") for _ in range(n_dims)]
-            qtype, rel_offset = r.scalar("<I"), r.scalar("<Q")
-            infos.append((name, tuple(reversed(dims)), qtype, rel_offset))
-        align = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if align <= 0 or align & (align - 1):
-            raise ModelFormatError(f"{self.path}: corrupt GGUF header (alignment {align})")
+            if key in self.metadata:
+                raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata key {key!r} appears twice)")
+            self.metadata[key] = r.value(r.scalar("<I"), key)
+        infos = [self._tensor_info(r) for _ in range(n_tensors)]
+        self.alignment = check_alignment(self.path, self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         pos = r.f.tell()
-        self.data_offset = (pos + align - 1) // align * align
+        self.data_offset = (pos + self.alignment - 1) // self.alignment * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, qtype, rel in infos:
+            if name in self.tensors:
+                raise ModelFormatError(f"{self.path}: corrupt GGUF header (tensor {name!r} appears twice)")
+            if rel % self.alignment:
+                raise ModelFormatError(f"{self.path}: tensor {name!r}: data offset {rel:,} is not a "
+                                       f"multiple of general.alignment {self.alignment}")
             n = 1
             for d in shape:
                 n *= d
             self.tensors[name] = TensorInfo(name, shape, qtype, self.data_offset + rel,
-                                            tensor_nbytes(qtype, n, name))
+                                            tensor_nbytes(qtype, n, name, self.path, shape[-1]))
+
+    def _tensor_info(self, r: _HeaderReader) -> tuple[str, tuple[int, ...], int, int]:
+        """(name, shape outermost first, ggml type id, data offset in bytes) of the next tensor info."""
+        name = r.string()
+        n_dims = r.scalar("<I")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise ModelFormatError(f"{self.path}: corrupt GGUF header (tensor info of {name!r}: {n_dims} dims)")
+        dims = [r.scalar("<Q") for _ in range(n_dims)]
+        if min(dims) < 1 or max(dims) > self.file_size * 8:     # 8 elements per byte at the most
+            raise ModelFormatError(f"{self.path}: corrupt GGUF header (tensor info of {name!r}: dimensions {dims})")
+        qtype, rel_offset = r.scalar("<I"), r.scalar("<Q")
+        return name, tuple(reversed(dims)), qtype, rel_offset
 
     def _check_size(self) -> None:
+        """The file ends where its last tensor does (padding to the alignment allowed)."""
         if self.file_size < self.expected_size:
             raise ModelFormatError(
                 f"{self.path}: truncated GGUF file: its header implies {self.expected_size:,} bytes, "
                 f"the file has {self.file_size:,}")
+        padded = -(-self.expected_size // self.alignment) * self.alignment
+        if self.file_size > padded:
+            raise ModelFormatError(
+                f"{self.path}: size {self.file_size} bytes is more than its GGUF header implies "
+                f"({self.expected_size} bytes): data follows the last tensor (a damaged tensor type "
+                f"or offset, or a wrong file)")
 
     # -- queries -------------------------------------------------------------
 
@@ -201,7 +237,9 @@ class GGUFFile:
         except KeyError:
             raise ModelFormatError(f"{self.path}: tensor {name!r} is missing") from None
         if self._mmap is None:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path) as f:
+                if os.fstat(f.fileno()).st_size != self.file_size:
+                    raise ModelFormatError(f"{self.path}: the file changed size since its header was read")
                 self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return np.frombuffer(self._mmap, dtype=np.uint8, count=info.nbytes, offset=info.offset)
 
@@ -212,8 +250,23 @@ def gguf_expected_size(path: str | os.PathLike) -> int:
     Works on a truncated file as long as its header is complete.
     """
     p = Path(path)
-    with open(p, "rb") as f:
+    with open_regular(p) as f:
         obj = GGUFFile.__new__(GGUFFile)
-        obj.path, obj.file_size = p, p.stat().st_size
+        obj.path, obj.file_size = p, os.fstat(f.fileno()).st_size
         obj._parse(_HeaderReader(f, p, obj.file_size))
     return obj.expected_size
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading in binary mode; ModelFormatError unless it is a
+    regular file. Opened non-blocking, so a FIFO in its place never hangs."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ModelFormatError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot open ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ModelFormatError(f"{path}: not a regular file")
+    return os.fdopen(fd, "rb")

@@ -19,8 +19,9 @@ import torch
 
 from ..errors import ModelFormatError, UnsupportedModelError
 from .. import quant
-from .config import SUPPORTED_ARCHS, ModelConfig
+from .config import SUPPORTED_ARCHS, ModelConfig, config_problem, layer_shapes
 from .decoder import Decoder
+from .gguf_checks import check_layer_indices, check_tensor_shapes, meta_float, meta_int
 from .gguf_file import GGUFFile
 from .linear import QuantTensor, has_kernel
 from .weights import build_decoder
@@ -57,41 +58,76 @@ def decoder_name(gguf_name: str) -> str | None:
     return None
 
 
+# ModelConfig field -> the metadata key it comes from (after "<arch>.")
+_FIELD_KEYS = {
+    "hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
+    "n_layers": "block_count", "n_heads": "attention.head_count",
+    "n_kv_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon", "rope_theta": "rope.freq_base",
+    "max_context": "context_length", "vocab_size": "vocab_size",
+}
+
+
 def config_from_gguf(g: GGUFFile) -> ModelConfig:
+    """The decoder's hyperparameters from the metadata, checked (types, ranges,
+    head counts) and checked against the tensors (layer count, every shape)."""
     arch = g.architecture
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(f"{g.path.name}: unsupported architecture {arch!r} "
                                     f"(supported: {', '.join(SUPPORTED_ARCHS)})")
     meta = g.metadata
-
-    def get(key, default=None):
-        value = meta.get(f"{arch}.{key}", default)
-        if value is None:
-            raise ModelFormatError(f"{g.path.name}: metadata key {arch}.{key} is missing")
-        return value
-
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", None) or "rope_freqs.weight" in g.tensors:
         raise UnsupportedModelError(f"{g.path.name}: RoPE scaling {scaling!r} is not supported")
     if "token_embd.weight" not in g.tensors:
-        raise ModelFormatError(f"{g.path.name}: tensor 'token_embd.weight' is missing")
-    hidden, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
-    vocab = int(meta.get(f"{arch}.vocab_size", g.tensors["token_embd.weight"].shape[0]))
-    return ModelConfig(
+        raise ModelFormatError(f"{g.path}: tensor 'token_embd.weight' is missing")
+
+    def num(key, default=None):
+        return meta_int(g.path, meta, f"{arch}.{key}", default)
+
+    hidden, n_heads = num("embedding_length"), num("attention.head_count")
+    if f"{arch}.attention.key_length" not in meta and (n_heads <= 0 or hidden % n_heads):
+        raise ModelFormatError(f"{g.path}: metadata {arch}.attention.head_count {n_heads} does not "
+                               f"divide {arch}.embedding_length {hidden}")
+    values = dict(
         arch=arch,
-        vocab_size=vocab,
+        vocab_size=num("vocab_size", g.tensors["token_embd.weight"].shape[0]),
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
-        n_layers=int(get("block_count")),
+        intermediate_size=num("feed_forward_length"),
+        n_layers=num("block_count"),
         n_heads=n_heads,
-        n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
-        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // n_heads)),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        max_context=int(get("context_length")),
+        n_kv_heads=num("attention.head_count_kv", n_heads),
+        head_dim=num("attention.key_length", hidden // n_heads if n_heads > 0 else 0),
+        rms_norm_eps=meta_float(g.path, meta, f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_theta=meta_float(g.path, meta, f"{arch}.rope.freq_base", 10000.0),
+        max_context=num("context_length"),
         tie_word_embeddings="output.weight" not in g.tensors,
         attention_bias="blk.0.attn_q.bias" in g.tensors,
     )
+    problem = config_problem(values)
+    if problem:
+        field = problem.split(" ")[0]
+        key = f" (metadata {arch}.{_FIELD_KEYS[field]})" if field in _FIELD_KEYS else ""
+        raise ModelFormatError(f"{g.path}: {problem}{key}")
+    cfg = ModelConfig(**values)
+    if num("rope.dimension_count", cfg.head_dim) != cfg.head_dim:
+        raise ModelFormatError(f"{g.path}: metadata {arch}.rope.dimension_count {num('rope.dimension_count')} "
+                               f"is not the head size {cfg.head_dim} (partial RoPE is not supported)")
+    check_layer_indices(g.path, g.tensors, cfg.n_layers)
+    check_tensor_shapes(g.path, g.tensors, expected_gguf_shapes(cfg))
+    return cfg
+
+
+def expected_gguf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> shape (outermost first) of every tensor the decoder needs."""
+    to_gguf = {v: k for k, v in LAYER_TENSOR_NAMES.items()}
+    shapes = {"token_embd.weight": (cfg.vocab_size, cfg.hidden_size), "output_norm.weight": (cfg.hidden_size,)}
+    if not cfg.tie_word_embeddings:
+        shapes["output.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    for i in range(cfg.n_layers):
+        for name, shape in layer_shapes(cfg).items():
+            shapes[f"blk.{i}.{to_gguf[name]}"] = shape
+    return shapes
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:

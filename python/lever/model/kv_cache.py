@@ -21,7 +21,10 @@ class KVCache:
         self._v = self._alloc(max(1, capacity))
 
     def _alloc(self, capacity: int) -> torch.Tensor:
-        return torch.empty(self.n_layers, self.n_kv_heads, capacity, self.head_dim, dtype=self.dtype)
+        # never an inference tensor, even when a forward (inference mode) grows
+        # the cache: compact() and truncate() later run outside inference mode
+        with torch.inference_mode(False):
+            return torch.empty(self.n_layers, self.n_kv_heads, capacity, self.head_dim, dtype=self.dtype)
 
     @property
     def capacity(self) -> int:

@@ -3,7 +3,7 @@
 the edge client (client.py, edge.py), the cost of a remote round for the
 gain-cost policy (cost.py), and a loopback delay/loss proxy (netem.py)."""
 
-from .client import RemoteVerifier, RemoteVerifierError, VerifierUnreachableError
+from .client import RemoteVerifier, RemoteVerifierError, VerifierBusyError, VerifierUnreachableError
 from .edge import RemoteTarget
 
-__all__ = ["RemoteTarget", "RemoteVerifier", "RemoteVerifierError", "VerifierUnreachableError"]
+__all__ = ["RemoteTarget", "RemoteVerifier", "RemoteVerifierError", "VerifierBusyError", "VerifierUnreachableError"]

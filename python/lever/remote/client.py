@@ -4,27 +4,35 @@ the interface of `lever.verify.target_pass.TargetVerifier`, so the same
 speculative loop (`lever.engine.run_speculative`) drives both.
 
 Faults it absorbs:
-- a lost request or answer, a refused or reset connection, a 5xx or 429:
-  retried with exponential backoff until `retry_deadline_s`; a retried round
-  carries the same round number, so the server replays its stored answer
-  instead of committing twice;
-- an unknown session (the server restarted, or the session expired): a new
+- a lost request or answer, a refused, reset or timed-out connection, a
+  408, 429, 502, 503 or 504: retried with exponential backoff; a retried
+  round carries the same round number, so the server replays its stored
+  answer instead of committing twice;
+- an unknown session (the server restarted, or the session expired), a 500
+  (the server closed the session) or another refusal of a round: a new
   session is opened from the committed tokens (the prompt plus everything
   accepted so far) with the same seed, and the round is sent again; the
   per-round seeds depend on positions, not on sessions, so the output is
   what it would have been.
-What it does not absorb: a server that stays unreachable past the deadline
-raises `VerifierUnreachableError` (the loop keeps what it generated), and a
-4xx refusal raises `RemoteVerifierError` with the server's message.  There
-is no fallback to the draft's own tokens.
+The client always ends: one call (an open, or a round with its rebuilds)
+retries for at most `retry_deadline_s` seconds from its first failure, each
+exchange bounded by what is left of it (the first by `timeout_s`), so a
+call ends within timeout_s + retry_deadline_s.  Past the deadline it raises
+`VerifierUnreachableError` ("did not answer") or, if the server kept
+answering 429, `VerifierBusyError` ("server busy"); the same refusal again
+after a rebuild (a permanent error), 401/403 and a refused /v1/info raise
+`RemoteVerifierError` naming the status and the server's message.  The
+loop keeps what it generated; there is no fallback to the draft's own tokens.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import math
 import random
 import secrets
+import ssl
 import time
 import urllib.parse
 
@@ -35,8 +43,13 @@ from ..sampling import SamplingParams
 from ..tree import TokenTree
 from ..verify.target_pass import Verdict
 from .protocol import MAX_SEED, VERSION
+from .tls import client_context
 
-RETRYABLE = {429, 500, 502, 503, 504}
+RETRYABLE = {408, 429, 502, 503, 504}      # the server is busy or a proxy failed: the same request again
+AT_ONCE = {401, 403}                       # the token: a rebuild cannot help
+CLOSE_TIMEOUT_S = 2.0                      # seconds a best-effort DELETE of the session may take
+MIN_EXCHANGE_S = 0.05                      # the shortest socket timeout given to an exchange
+MESSAGE_CHARS = 300                        # characters of a server message quoted in an error
 
 
 class RemoteVerifierError(LeverError):
@@ -45,10 +58,38 @@ class RemoteVerifierError(LeverError):
     def __init__(self, message: str, status: int | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.code = status, code
+        self.server_message = message
 
 
 class VerifierUnreachableError(RemoteVerifierError):
     """The verifier did not answer within the retry deadline."""
+
+
+class VerifierBusyError(RemoteVerifierError):
+    """The verifier kept answering 429 (too many sessions) until the retry deadline."""
+
+
+class RetryBudget:
+    """The retry deadline of one call: `seconds` from its first failure
+    (monotonic clock); unlimited until then."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.deadline: float | None = None
+
+    def start(self) -> None:
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.seconds
+
+    def left(self) -> float:
+        """Seconds left (inf before the first failure)."""
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
+
+
+def one_line(text: str) -> str:
+    """A server's message as one line of at most MESSAGE_CHARS characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + "..."
 
 
 class RemoteVerifier:
@@ -57,18 +98,23 @@ class RemoteVerifier:
     url: http(s)://host:port of `lever serve-verifier`; token: its bearer token;
     params: sampling settings (the server applies them); timeout_s: seconds
     one HTTP exchange may take; retry_deadline_s: seconds to keep retrying one
-    request before giving up; backoff_s / max_backoff_s: first and largest
-    pause between retries (seconds, doubling); cost: a lever.remote.cost.RemoteCost
-    that learns from every round (mode lever)."""
+    call (a request, or a round with its rebuilds) after its first failure;
+    backoff_s / max_backoff_s: first and largest pause between retries
+    (seconds, doubling); cost: a lever.remote.cost.RemoteCost that learns from
+    every round (mode lever); tls_ca: a PEM file of the certificates to trust
+    for an https URL (default: the system's), e.g. a self-signed server's."""
 
     def __init__(self, url: str, params: SamplingParams = SamplingParams(), token: str | None = None,
                  timeout_s: float = 120.0, retry_deadline_s: float = 30.0, backoff_s: float = 0.05,
-                 max_backoff_s: float = 2.0, cost=None):
+                 max_backoff_s: float = 2.0, cost=None, tls_ca: str | None = None):
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise LeverError(f"--remote {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        if tls_ca is not None and parsed.scheme != "https":
+            raise LeverError(f"--tls-ca {tls_ca}: the verifier URL {url} is not https://")
         self.url = url
         self._https = parsed.scheme == "https"
+        self._tls = client_context(tls_ca) if self._https else None
         self._host, self._port = parsed.hostname, parsed.port or (443 if self._https else 80)
         self.params, self.token = params, token
         self.timeout_s, self.retry_deadline_s = timeout_s, retry_deadline_s
@@ -128,16 +174,30 @@ class RemoteVerifier:
             raise LeverError(f"a tree of {len(tree)} nodes is over the verifier's cap of {self.max_tree_nodes}")
         tokens, parents = tree.tokens().tolist(), tree.parents().tolist()
         t0 = time.perf_counter()
+        budget, failed = RetryBudget(self.retry_deadline_s), None
         while True:
+            path = f"/v1/sessions/{self.session}/rounds"
             try:
-                answer = self._request("POST", f"/v1/sessions/{self.session}/rounds",
-                                       {"round": self.round, "tokens": tokens, "parents": parents})
+                answer = self._request("POST", path, {"round": self.round, "tokens": tokens, "parents": parents},
+                                       budget)
                 break
+            except (VerifierUnreachableError, VerifierBusyError):
+                raise
             except RemoteVerifierError as e:
-                if e.status != 404:
+                if e.status is None or e.status in AT_ONCE:
                     raise
-                self.stats.rebuilds += 1           # the server lost the session: rebuild it, send the round again
-                self._open()
+                if failed == (e.status, e.code):
+                    raise RemoteVerifierError(f"the verifier refused POST {path} again after reopening the "
+                                              f"session: {e.status} {e.code}: {e.server_message}",
+                                              status=e.status, code=e.code) from None
+                failed = (e.status, e.code)
+                budget.start()                    # rebuilds count against the same deadline
+                if budget.left() <= 0:
+                    raise RemoteVerifierError(f"the verifier kept refusing POST {path} for {self.retry_deadline_s:g} "
+                                              f"s (last: {e.status} {e.code}: {e.server_message})",
+                                              status=e.status, code=e.code) from None
+                self.stats.rebuilds += 1          # the server lost or closed the session: rebuild it, send again
+                self._open(budget)
         elapsed = time.perf_counter() - t0
         accepted, next_token = self._check_answer(tree, answer)
         self.committed += [tree.token(j) for j in accepted] + [next_token]
@@ -156,17 +216,30 @@ class RemoteVerifier:
         sid, self.session = self.session, None
         if sid is not None:
             try:
-                self._exchange("DELETE", f"/v1/sessions/{sid}", None)
+                self._exchange("DELETE", f"/v1/sessions/{sid}", None, min(self.timeout_s, CLOSE_TIMEOUT_S))
             except (OSError, http.client.HTTPException):
                 self._drop_connection()
 
     # -- sessions ------------------------------------------------------------------------
 
-    def _open(self) -> None:
+    def _open(self, budget: RetryBudget | None = None) -> None:
+        """Open a session holding the committed tokens.  A 500 is tried once
+        more (a new open); the same again is a permanent error."""
         p = self.params
         sampling = {} if p.greedy else {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k}
-        answer = self._request("POST", "/v1/sessions", {"prompt": self.committed, "sampling": sampling,
-                                                        "seed": self.seed, "open_id": secrets.token_hex(8)})
+        budget = budget or RetryBudget(self.retry_deadline_s)
+        for attempt in (1, 2):
+            try:
+                answer = self._request("POST", "/v1/sessions", {"prompt": self.committed, "sampling": sampling,
+                                                                "seed": self.seed, "open_id": secrets.token_hex(8)},
+                                       budget)
+                break
+            except RemoteVerifierError as e:
+                if e.status != 500 or attempt == 2:
+                    raise
+                budget.start()
+        if not isinstance(answer.get("session"), str):
+            raise RemoteVerifierError(f"the verifier's answer to an open is malformed: {one_line(answer)}")
         self.session, self.round = answer["session"], 0
         self.stats.sessions += 1
         self.stats.prefill_tokens += len(self.committed)
@@ -184,27 +257,45 @@ class RemoteVerifier:
 
     # -- HTTP with retries -----------------------------------------------------------------
 
-    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
-        """One request, retried on transport failures and retryable statuses."""
-        deadline = time.monotonic() + self.retry_deadline_s
-        pause, attempts = self.backoff_s, 0
+    def _request(self, method: str, path: str, body: dict | None = None, budget: RetryBudget | None = None) -> dict:
+        """One request, retried on transport failures and RETRYABLE statuses
+        until `budget` (default: a fresh one of retry_deadline_s) runs out."""
+        budget = budget or RetryBudget(self.retry_deadline_s)
+        pause, attempts, last, busy = self.backoff_s, 0, "", False
         while True:
             attempts += 1
             try:
-                status, answer = self._exchange(method, path, body)
+                status, answer = self._exchange(method, path, body, min(self.timeout_s,
+                                                                        max(budget.left(), MIN_EXCHANGE_S)))
+            except ssl.SSLCertVerificationError as e:
+                self._drop_connection()
+                raise RemoteVerifierError(f"the verifier at {self.url} has a TLS certificate this client does not "
+                                          f"trust ({e.verify_message or e}); pass the CA file that signed it "
+                                          f"(--tls-ca)") from None
             except (OSError, http.client.HTTPException) as e:
                 self._drop_connection()
-                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                last, busy = (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__), False
             else:
                 if status < 400:
+                    if not isinstance(answer, dict):
+                        raise RemoteVerifierError(f"the verifier's answer to {method} {path} is not a JSON object")
                     return answer
                 error = answer.get("error", {}) if isinstance(answer, dict) else {}
-                message = error.get("message", f"HTTP {status}")
+                error = error if isinstance(error, dict) else {}
+                message = one_line(error.get("message", f"HTTP {status}"))
+                code = error.get("code") if isinstance(error.get("code"), str) else None
                 if status not in RETRYABLE:
-                    raise RemoteVerifierError(f"the verifier refused {method} {path}: {status} {message}",
-                                              status=status, code=error.get("code"))
-                last = f"HTTP {status} {message}"
-            if time.monotonic() + pause > deadline:
+                    e = RemoteVerifierError(f"the verifier refused {method} {path}: {status} {code}: {message}",
+                                            status=status, code=code)
+                    e.server_message = message
+                    raise e
+                last, busy = f"HTTP {status} {code}: {message}", status == 429
+            budget.start()
+            if budget.left() < pause:
+                if busy:
+                    raise VerifierBusyError(f"server busy: the verifier at {self.url} answered {last} to {method} "
+                                            f"{path} for {self.retry_deadline_s:g} s ({attempts} attempts)",
+                                            status=429, code="too_many_sessions")
                 raise VerifierUnreachableError(
                     f"the verifier at {self.url} did not answer {method} {path} within "
                     f"{self.retry_deadline_s:g} s ({attempts} attempts; last: {last})")
@@ -212,10 +303,16 @@ class RemoteVerifier:
             time.sleep(pause * random.uniform(0.5, 1.0))
             pause = min(pause * 2, self.max_backoff_s)
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+            if self._https:
+                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s,
+                                                         context=self._tls)
+            else:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+        self._conn.timeout = timeout_s
+        if self._conn.sock is not None:
+            self._conn.sock.settimeout(timeout_s)
         return self._conn
 
     def _drop_connection(self) -> None:
@@ -223,13 +320,14 @@ class RemoteVerifier:
             self._conn.close()
             self._conn = None
 
-    def _exchange(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
-        """One HTTP exchange: (status, JSON answer).  Counts bytes both ways."""
+    def _exchange(self, method: str, path: str, body: dict | None, timeout_s: float) -> tuple[int, dict]:
+        """One HTTP exchange of at most `timeout_s` seconds per socket
+        operation: (status, JSON answer).  Counts bytes both ways."""
         payload = b"" if body is None else json.dumps({"v": VERSION, **body}, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        conn = self._connection()
+        conn = self._connection(timeout_s)
         conn.request(method, path, body=payload or None, headers=headers)
         resp = conn.getresponse()
         raw = resp.read()
@@ -285,4 +383,4 @@ def _summary(values: list[float]) -> dict | None:
             "p90": round(float(np.percentile(a, 90)), 3), "max": round(float(a.max()), 3)}
 
 
-__all__ = ["ClientStats", "RemoteVerifier", "RemoteVerifierError", "VerifierUnreachableError"]
+__all__ = ["ClientStats", "RemoteVerifier", "RemoteVerifierError", "VerifierBusyError", "VerifierUnreachableError"]

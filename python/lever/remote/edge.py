@@ -44,17 +44,24 @@ class RemoteTarget:
     token: the server's bearer token; mode: ar | chain | tree | lever;
     draft_len: chain length; tree: the static tree of mode tree;
     max_nodes / max_depth / topk: mode lever's tree limits;
-    retry_deadline_s: seconds to keep retrying one request (then the
-    generation stops with VerifierUnreachableError, keeping its tokens);
+    retry_deadline_s: seconds to keep retrying one call -- an open, or a
+    round with its session rebuilds -- after its first failure (then the
+    generation stops with a RemoteVerifierError, keeping its tokens);
+    timeout_s: seconds one HTTP exchange may take (a call ends within
+    timeout_s + retry_deadline_s);
     call_cost_s: mode lever counts each target call as this many extra
-    seconds when sizing trees (fewer server calls for some speed; 0 = speed)."""
+    seconds when sizing trees (fewer server calls for some speed; 0 = speed);
+    tls_ca: PEM file of the certificates to trust for an https:// url
+    (default: the system's), e.g. a self-signed server's certificate."""
 
     def __init__(self, url: str, draft: str | LoadedModel = "qwen2.5-coder-0.5b", token: str | None = None,
                  mode: str = "lever", draft_len: int = 4, tree: TreeShape = TreeShape(),
                  max_nodes: int = DEFAULT_MAX_NODES, max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK,
-                 retry_deadline_s: float = 30.0, call_cost_s: float = 0.0, cache_dir=None, progress: bool = True):
+                 retry_deadline_s: float = 30.0, call_cost_s: float = 0.0, cache_dir=None, progress: bool = True,
+                 tls_ca: str | None = None, timeout_s: float = 120.0):
         self.draft = draft if isinstance(draft, LoadedModel) else load(draft, cache_dir=cache_dir, progress=progress)
         self.url, self.token, self.retry_deadline_s = url, token, retry_deadline_s
+        self.tls_ca, self.timeout_s = tls_ca, timeout_s
         self.spec_args = dict(mode=mode, draft_len=draft_len, tree=tree)
         self.max_nodes, self.max_depth, self.topk = max_nodes, max_depth, topk
         if not call_cost_s >= 0:
@@ -75,7 +82,8 @@ class RemoteTarget:
         probe.close()
 
     def _connect(self, params: SamplingParams) -> RemoteVerifier:
-        return RemoteVerifier(self.url, params, token=self.token, retry_deadline_s=self.retry_deadline_s)
+        return RemoteVerifier(self.url, params, token=self.token, retry_deadline_s=self.retry_deadline_s,
+                              timeout_s=self.timeout_s, tls_ca=self.tls_ca)
 
     def _lever_policy(self, params: SamplingParams, verifier: RemoteVerifier) -> GainCostPolicy:
         """The gain-cost policy with this link's cost, kept across generations

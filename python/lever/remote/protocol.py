@@ -45,19 +45,24 @@ tree, is a 409.  Errors are ``{"v": 1, "error": {"code": str, "message": str}}``
 with status 400 (malformed), 401 (no token), 403 (wrong token), 404 (unknown
 or expired session), 409 (round conflict), 413 (body too large), 422 (ids
 outside the vocabulary, bad parents, tree over the cap, context over the
-limit, bad sampling settings), 429 (too many sessions).
+limit, bad sampling settings), 408 (a body not received in time), 429 (too
+many sessions), 503 (too many connections).  A 500 is a server bug: it is
+answered with the same JSON error body and counted in /v1/metrics.  (A
+request that is not even valid HTTP gets the HTTP library's plain-text 400.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 
-from ..sampling import SamplingParams
+from ..sampling import MAX_SEED, SamplingParams
 
 VERSION = 1
-MAX_SEED = (1 << 63) - 1
+MAX_ROUND = (1 << 63) - 1
+SHOWN_CHARS = 60            # characters of a refused value quoted back in an error message
 
 
 @dataclass(frozen=True)
@@ -69,13 +74,20 @@ class Limits:
     max_tree_nodes: int = 256          # root included
     idle_ttl_s: float = 600.0          # a session unused this long is closed
     max_body_bytes: int = 1 << 20
+    prefill_chunk: int = 128           # prompt tokens per prefill job; other sessions' rounds run between jobs
+    header_timeout_s: float = 10.0     # a connection must complete a request's headers this soon after its first byte
+    body_timeout_s: float = 30.0       # ... and its body this soon after its headers
+    max_connections: int = 256         # open connections at most, all clients together
+    max_connections_per_ip: int = 64   # open connections at most from one address
 
     def __post_init__(self) -> None:
-        for name in ("max_sessions", "max_session_tokens", "max_tree_nodes", "max_body_bytes"):
+        for name in ("max_sessions", "max_session_tokens", "max_tree_nodes", "max_body_bytes", "prefill_chunk",
+                     "max_connections", "max_connections_per_ip"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.idle_ttl_s > 0:
-            raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
+        for name in ("idle_ttl_s", "header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -111,6 +123,12 @@ class RoundRequest:
         return hashlib.sha256(json.dumps([self.tokens, self.parents]).encode()).hexdigest()
 
 
+def show(value) -> str:
+    """A client's value, quoted in an error message: its repr, cut to SHOWN_CHARS characters."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** SHOWN_CHARS else "<a huge integer>"
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
 def encode(obj: dict) -> bytes:
     return json.dumps({"v": VERSION, **obj}, separators=(",", ":")).encode()
 
@@ -124,7 +142,8 @@ def decode(raw: bytes) -> dict:
     if not isinstance(body, dict):
         raise ProtocolError(400, "malformed", "the body must be a JSON object")
     if body.get("v") != VERSION:
-        raise ProtocolError(400, "version", f"unsupported protocol version {body.get('v')!r} (this server speaks {VERSION})")
+        raise ProtocolError(400, "version", f"unsupported protocol version {show(body.get('v'))} "
+                                            f"(this server speaks {VERSION})")
     return body
 
 
@@ -139,7 +158,22 @@ def _check_vocab(tokens: list[int], vocab_size: int, what: str) -> None:
     for i, t in enumerate(tokens):
         if not 0 <= t < vocab_size:
             raise ProtocolError(422, "token_out_of_vocabulary",
-                                f"{what}[{i}] = {t} is outside the vocabulary (0..{vocab_size - 1})")
+                                f"{what}[{i}] = {show(t)} is outside the vocabulary (0..{vocab_size - 1})")
+
+
+def _number(sampling: dict, name: str, default: float) -> float:
+    """A sampling setting as a float; anything that is not a finite JSON number is a 422
+    (the ranges themselves are SamplingParams's)."""
+    value = sampling.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(422, "bad_sampling", f"{name} must be a number, got {show(value)}")
+    try:
+        value = float(value)                     # an integer too large for a float: OverflowError
+    except OverflowError:
+        raise ProtocolError(422, "bad_sampling", f"{name} = {show(value)} is out of range") from None
+    if not math.isfinite(value):
+        raise ProtocolError(422, "bad_sampling", f"{name} must be finite, got {value!r}")
+    return value
 
 
 def parse_open(body: dict, vocab_size: int, limits: Limits, max_context: int) -> OpenRequest:
@@ -155,17 +189,13 @@ def parse_open(body: dict, vocab_size: int, limits: Limits, max_context: int) ->
     if not isinstance(sampling, dict) or set(sampling) - {"temperature", "top_p", "top_k"}:
         raise ProtocolError(400, "malformed", "'sampling' must be an object with temperature, top_p, top_k")
     try:
-        temperature = float(sampling.get("temperature", 0.0))
-        top_p = float(sampling.get("top_p", 1.0))
-        top_k = sampling.get("top_k", 0)
-        if type(top_k) is not int:
-            raise ValueError(f"top_k must be an integer, got {top_k!r}")
-        params = SamplingParams(temperature, top_p, top_k)
+        params = SamplingParams(_number(sampling, "temperature", 0.0), _number(sampling, "top_p", 1.0),
+                                sampling.get("top_k", 0))
     except (TypeError, ValueError) as e:
-        raise ProtocolError(422, "bad_sampling", str(e)) from None
+        raise ProtocolError(422, "bad_sampling", str(e)[:200]) from None
     seed = body.get("seed")
     if seed is not None and (type(seed) is not int or not 0 <= seed <= MAX_SEED):
-        raise ProtocolError(422, "bad_seed", f"seed must be an integer in 0..2**63-1, got {seed!r}")
+        raise ProtocolError(422, "bad_seed", f"seed must be an integer in 0..2**63-1, got {show(seed)}")
     open_id = body.get("open_id")
     if open_id is not None and (not isinstance(open_id, str) or not 0 < len(open_id) <= 64):
         raise ProtocolError(400, "malformed", "'open_id' must be a string of 1 to 64 characters")
@@ -174,8 +204,8 @@ def parse_open(body: dict, vocab_size: int, limits: Limits, max_context: int) ->
 
 def parse_round(body: dict, vocab_size: int, limits: Limits) -> RoundRequest:
     number = body.get("round")
-    if type(number) is not int or number < 0:
-        raise ProtocolError(400, "malformed", f"'round' must be an integer >= 0, got {number!r}")
+    if type(number) is not int or not 0 <= number <= MAX_ROUND:
+        raise ProtocolError(400, "malformed", f"'round' must be an integer in 0..2**63-1, got {show(number)}")
     tokens, parents = _int_list(body, "tokens"), _int_list(body, "parents")
     if len(tokens) != len(parents):
         raise ProtocolError(400, "malformed", f"{len(tokens)} tokens but {len(parents)} parents")
@@ -186,8 +216,8 @@ def parse_round(body: dict, vocab_size: int, limits: Limits) -> RoundRequest:
                                                    f"{limits.max_tree_nodes} (root included)")
     _check_vocab(tokens, vocab_size, "tokens")
     if parents[0] != -1:
-        raise ProtocolError(422, "bad_parents", f"node 0 is the root: its parent must be -1, got {parents[0]}")
+        raise ProtocolError(422, "bad_parents", f"node 0 is the root: its parent must be -1, got {show(parents[0])}")
     for i in range(1, len(parents)):
         if not 0 <= parents[i] < i:
-            raise ProtocolError(422, "bad_parents", f"node {i}: parent {parents[i]} is not before it")
+            raise ProtocolError(422, "bad_parents", f"node {i}: parent {show(parents[i])} is not before it")
     return RoundRequest(number, tokens, parents)

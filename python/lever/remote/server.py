@@ -4,30 +4,49 @@ hosts a target and verifies the trees edge clients send (protocol.py).
 - Target passes run one at a time on a single compute thread; the event
   loop keeps answering health checks, refusals and other sessions' requests
   meanwhile.
+- A prompt is prefilled in chunks of `Limits.prefill_chunk` tokens, one
+  compute job each, so a long prefill delays another session's round by one
+  chunk at most.  An open whose client went away before its answer (every
+  client waiting for that open_id) is given up and frees its slot.
 - Every request but /v1/health needs ``Authorization: Bearer <token>`` when
-  the server has a token: none -> 401, a wrong one -> 403.
+  the server has a token: none (or one with bytes that are not printable
+  ASCII) -> 401, a wrong one -> 403.
 - A body over the limit is refused from its Content-Length, before any of it
   is read (a chunked one once the limit is passed), and the connection closed.
+- Slow clients are cut off: request headers must be complete within
+  `header_timeout_s` (connections.py), a body within `body_timeout_s` (408);
+  connections over `max_connections` (or `max_connections_per_ip`) get a 503.
 - Sessions idle longer than the TTL are closed by a reaper task.
 - Bad input gets a 4xx and never touches other sessions; an unexpected
-  failure inside a session closes that session only (its client rebuilds it).
+  failure inside a session closes that session only (its client rebuilds it);
+  any other unexpected exception is a 500 with a JSON body, logged once.
+  Every answer's status is counted in /v1/metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import secrets
+import ssl
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 
+from .connections import ConnectionGuard
 from .protocol import VERSION, Limits, ProtocolError, decode, encode, parse_open, parse_round
 from .session import VerifierSession
+
+KEEPALIVE_S = 75.0          # an idle keep-alive connection is closed after this many seconds
+LOG_CHARS = 300             # characters of one logged line about a client's malformed HTTP
 
 
 @dataclass
@@ -39,6 +58,7 @@ class Metrics:
     sessions_closed: int = 0
     sessions_expired: int = 0
     sessions_failed: int = 0
+    sessions_abandoned: int = 0        # opens given up because their client went away
     prefill_tokens: int = 0
     rounds: int = 0                    # target passes over trees (= target calls)
     replayed: int = 0                  # retried rounds answered from the stored answer
@@ -47,20 +67,50 @@ class Metrics:
     compute_s: float = 0.0             # target passes, prefills included
     bytes_in: int = 0
     bytes_out: int = 0
-    errors: dict = field(default_factory=dict)   # HTTP status -> count
+    statuses: dict = field(default_factory=dict)  # HTTP status -> answers sent with it
+    connections_refused: int = 0       # over the connection limits (answered 503, counted there too)
+    connections_timed_out: int = 0     # cut off for headers not complete in time
+
+    def count(self, status: int) -> None:
+        self.statuses[status] = self.statuses.get(status, 0) + 1
 
     def to_json(self, active: int) -> dict:
         return {
             "uptime_s": round(time.monotonic() - self.started, 3),
             "sessions": {"active": active, "opened": self.sessions_opened, "closed": self.sessions_closed,
-                         "expired": self.sessions_expired, "failed": self.sessions_failed},
+                         "expired": self.sessions_expired, "failed": self.sessions_failed,
+                         "abandoned": self.sessions_abandoned},
             "target_calls": self.rounds, "replayed_rounds": self.replayed,
             "prefill_tokens": self.prefill_tokens, "tree_tokens": self.tree_tokens,
             "emitted_tokens": self.emitted_tokens,
             "tokens_per_call": round(self.emitted_tokens / self.rounds, 4) if self.rounds else None,
             "compute_s": round(self.compute_s, 4), "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
-            "errors": {str(k): v for k, v in sorted(self.errors.items())},
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "errors": {str(k): v for k, v in sorted(self.statuses.items()) if k >= 400},
+            "connections": {"refused": self.connections_refused, "timed_out": self.connections_timed_out},
         }
+
+
+class StatusCounter(AbstractAccessLogger):
+    """aiohttp's access log, used to count every answer's status, aiohttp's own
+    (malformed HTTP: 400) included.  `logger` is the server's Metrics."""
+
+    def log(self, request, response, time: float) -> None:
+        self.logger.count(response.status)
+
+
+class OneLineLog(logging.Handler):
+    """aiohttp's server log (malformed HTTP, dropped connections) as one line
+    per record, without tracebacks, through the server's `log`."""
+
+    def __init__(self, say):
+        super().__init__(logging.WARNING)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        line = record.getMessage() + (f" ({type(exc).__name__}: {exc})" if exc else "")
+        self.say("http: " + " ".join(line.split())[:LOG_CHARS])
 
 
 class VerifierServer:
@@ -80,10 +130,16 @@ class VerifierServer:
         self.tokenizer = tokenizer
         self.sessions: dict[str, VerifierSession] = {}
         self.open_ids: dict[str, VerifierSession] = {}     # the client's open_id -> its session
-        self.opening = 0
+        self.opening = 0                                    # slots held by opens not registered yet
         self.metrics = Metrics()
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lever-verify")
         self.log = log or (lambda line: print(f"lever serve-verifier: {line}", file=sys.stderr, flush=True))
+        self.http_log = logging.getLogger(f"lever.serve-verifier.{id(self)}")
+        self.http_log.propagate = False
+        self.http_log.addHandler(OneLineLog(self.log))
+        self.connections = ConnectionGuard(None, limits.header_timeout_s, limits.max_connections,
+                                           limits.max_connections_per_ip, on_refused=self._refused,
+                                           on_timeout=self._timed_out)
         self._reaper: asyncio.Task | None = None
 
     @property
@@ -115,6 +171,11 @@ class VerifierServer:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler):
+        """Every request passes here: authentication, the connection guard's
+        bookkeeping, and the mapping of every failure to a JSON answer."""
+        conn = self.connections.watch(request.transport)
+        if conn is not None:
+            conn.request_started(has_body=request.can_read_body)
         try:
             if request.path != "/v1/health":
                 self._authenticate(request)
@@ -126,38 +187,75 @@ class VerifierServer:
                 raise
             return self._refuse(ProtocolError(e.status, e.reason.lower().replace(" ", "_"),
                                               f"{request.method} {request.path}: {e.reason}"))
+        except Exception as e:  # noqa: BLE001 -- a bug: answered and logged, the server goes on
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            self.log(f"internal error in {request.method} {request.path}: {type(e).__name__}: {e} "
+                     f"(at {where.filename}:{where.lineno})")
+            return self._refuse(ProtocolError(500, "internal", f"the verifier failed ({type(e).__name__})"))
+        finally:
+            if conn is not None:
+                conn.request_finished()
 
     def _refuse(self, e: ProtocolError) -> web.Response:
-        self.metrics.errors[e.status] = self.metrics.errors.get(e.status, 0) + 1
         resp = self._reply(e.body(), status=e.status)
         if e.status == 401:
             resp.headers["WWW-Authenticate"] = 'Bearer realm="lever"'
-        if e.status == 413:
+        if e.status in (408, 413):
             resp.force_close()                  # the rest of the body is never read
         return resp
 
+    def _refused(self) -> None:
+        self.metrics.connections_refused += 1
+        self.metrics.count(503)
+
+    def _timed_out(self) -> None:
+        self.metrics.connections_timed_out += 1
+
     def _authenticate(self, request: web.Request) -> None:
+        """401 without a usable token (none, or bytes that are not printable
+        ASCII -- no valid token has them), 403 with a wrong one.  Compared in
+        constant time, as bytes."""
         if self.token is None:
             return
         header = request.headers.get("Authorization", "")
-        if not header.startswith("Bearer ") or not header[7:].strip():
-            raise ProtocolError(401, "unauthorized", "this server needs 'Authorization: Bearer <token>'")
-        if not hmac.compare_digest(header[7:].strip().encode(), self.token.encode()):
+        presented = header[7:].strip() if header.startswith("Bearer ") else ""
+        if not presented or not presented.isascii() or not presented.isprintable():
+            raise ProtocolError(401, "unauthorized", "this server needs 'Authorization: Bearer <token>' "
+                                                     "(printable ASCII)")
+        if not hmac.compare_digest(presented.encode("ascii"), self.token.encode("ascii")):
             raise ProtocolError(403, "forbidden", "the bearer token is not valid for this server")
 
     async def _read_body(self, request: web.Request) -> dict:
-        """The request's JSON body, refusing one over the limit before reading it."""
+        """The request's JSON body, refusing one over the limit before reading
+        it, and one not received within `body_timeout_s` seconds (408)."""
         limit = self.limits.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise ProtocolError(413, "body_too_large", f"a body of {request.content_length} bytes is over the "
                                                        f"limit of {limit} bytes")
-        raw = bytearray()
-        async for chunk in request.content.iter_chunked(1 << 16):
-            raw += chunk
-            if len(raw) > limit:
-                raise ProtocolError(413, "body_too_large", f"the body is over the limit of {limit} bytes")
+
+        async def read() -> bytes:
+            raw = bytearray()
+            try:
+                async for chunk in request.content.iter_chunked(1 << 16):
+                    raw += chunk
+                    if len(raw) > limit:
+                        raise ProtocolError(413, "body_too_large", f"the body is over the limit of {limit} bytes")
+            except HttpProcessingError as e:            # a broken chunked encoding, a short body
+                raise ProtocolError(400, "malformed", f"the body is malformed ({type(e).__name__})") from None
+            except ConnectionError:
+                raise ProtocolError(400, "incomplete_body", "the client went away mid-body") from None
+            return bytes(raw)
+
+        try:
+            raw = await asyncio.wait_for(read(), self.limits.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise ProtocolError(408, "body_timeout", f"the body did not arrive within "
+                                                     f"{self.limits.body_timeout_s:g} s") from None
+        conn = self.connections.watch(request.transport)
+        if conn is not None:
+            conn.body_read()
         self.metrics.bytes_in += len(raw)
-        return decode(bytes(raw))
+        return decode(raw)
 
     # -- endpoints -----------------------------------------------------------------------
 
@@ -176,46 +274,101 @@ class VerifierServer:
     async def open_session(self, request: web.Request) -> web.Response:
         req = parse_open(await self._read_body(request), self.vocab_size, self.limits, self.session_capacity)
         known = self.open_ids.get(req.open_id) if req.open_id is not None else None
-        if known is None and len(self.sessions) + self.opening >= self.limits.max_sessions:
+        if known is not None and known.next_round == 0:       # a retried open: the first one's session
+            return await self._answer_open(request, known, created=False)
+        if len(self.sessions) + self.opening >= self.limits.max_sessions:
             raise ProtocolError(429, "too_many_sessions", f"this server holds its limit of "
                                                           f"{self.limits.max_sessions} sessions; close one or retry later")
-        self.opening += 1
+        self.opening += 1                      # the slot is held until the session is registered or given up
         try:
-            session, created = await self._run(None, self._create_session, req)
-        finally:
+            session = await self._run(None, VerifierSession, secrets.token_urlsafe(12), self.model, req,
+                                      self.session_capacity, self.limits.max_tree_nodes)
+        except BaseException:
             self.opening -= 1
-        if created:
-            self.sessions[session.id] = session
-            m = self.metrics
-            m.sessions_opened += 1
-            m.prefill_tokens += len(req.prompt)
-            m.compute_s += session.prefill_s
-        return self._reply({"session": session.id, "round": 0, "position": session.position, "seed": session.seed,
-                            "server_s": round(session.prefill_s, 6), "replayed": not created},
-                           status=201 if created else 200)
-
-    def _create_session(self, req) -> tuple[VerifierSession, bool]:
-        """(session, created) -- on the compute thread, so that a retried open
-        (same open_id) waits for the first and gets its session, not a second one."""
-        if req.open_id is not None:
-            known = self.open_ids.get(req.open_id)
-            if known is not None and known.next_round == 0:
-                return known, False
-        session = VerifierSession(secrets.token_urlsafe(12), self.model, req, self.session_capacity,
-                                  self.limits.max_tree_nodes)
+            raise
+        known = self.open_ids.get(req.open_id) if req.open_id is not None else None
+        if known is not None and known.next_round == 0:     # the same open twice at once: the first wins
+            self.opening -= 1
+            return await self._answer_open(request, known, created=False)
         if req.open_id is not None:
             self.open_ids[req.open_id] = session
-        return session, True
+        session.prefill = asyncio.ensure_future(self._prefill(session))
+        session.prefill.add_done_callback(lambda task: task.cancelled() or task.exception())   # retrieved
+        return await self._answer_open(request, session, created=True)
+
+    async def _prefill(self, session: VerifierSession) -> None:
+        """Prefill `session` chunk by chunk (one compute job each, so other
+        sessions' rounds run in between), then register it.  Given up, slot
+        freed, as soon as no client waits for it any more."""
+        try:
+            while True:
+                if not any(not self._gone(r) for r in session.waiters):
+                    raise asyncio.CancelledError
+                if await self._run(session, session.prefill_step, self.limits.prefill_chunk):
+                    break
+        except BaseException:
+            self._forget(session)
+            if not any(not self._gone(r) for r in session.waiters):
+                self.metrics.sessions_abandoned += 1
+            raise
+        finally:
+            self.opening -= 1
+        self.sessions[session.id] = session
+        session.last_used = time.monotonic()
+        m = self.metrics
+        m.sessions_opened += 1
+        m.prefill_tokens += session.prompt_tokens
+        m.compute_s += session.prefill_s
+
+    async def _answer_open(self, request: web.Request, session: VerifierSession, created: bool) -> web.Response:
+        """Wait for `session`'s prefill and answer; if this client went away
+        and no other waits, the open is given up (its slot freed)."""
+        session.waiters.append(request)
+        answered = False
+        try:
+            await asyncio.shield(session.prefill)
+            if self._gone(request):
+                raise ProtocolError(400, "gone", "the client went away before the session was ready")
+            answered = session.answered = True
+            return self._reply({"session": session.id, "round": 0, "position": session.position,
+                                "seed": session.seed, "server_s": round(session.prefill_s, 6),
+                                "replayed": not created}, status=201 if created else 200)
+        finally:
+            session.waiters.remove(request)
+            if not answered and not session.answered and not session.waiters:
+                self._abandon(session)
+
+    def _abandon(self, session: VerifierSession) -> None:
+        """Give up an open nobody waits for: stop its prefill, or close it if it is ready."""
+        if not session.prefill.done():
+            self._forget(session)               # at once: a retry of this open makes a new one
+            session.prefill.cancel()            # its cleanup frees the slot
+        elif session.id in self.sessions and session.next_round == 0:
+            self._forget(session)
+            self.metrics.sessions_abandoned += 1
+
+    @staticmethod
+    def _gone(request: web.Request) -> bool:
+        """True if the client of `request` has closed its connection."""
+        transport = request.transport
+        return transport is None or transport.is_closing()
 
     def _forget(self, session: VerifierSession) -> None:
         self.sessions.pop(session.id, None)
-        if session.open_id is not None:
-            self.open_ids.pop(session.open_id, None)
+        if session.open_id is not None and self.open_ids.get(session.open_id) is session:
+            del self.open_ids[session.open_id]
 
     async def verify_round(self, request: web.Request) -> web.Response:
         body = await self._read_body(request)
         session = self._session(request.match_info["sid"])
         req = parse_round(body, self.vocab_size, self.limits)
+        # a task of its own: if the client goes away, the round still completes and is counted
+        # (its retry is then answered from the stored answer)
+        job = asyncio.ensure_future(self._verify(session, req))
+        job.add_done_callback(lambda task: task.cancelled() or task.exception())   # retrieved
+        return self._reply(await asyncio.shield(job))
+
+    async def _verify(self, session: VerifierSession, req) -> dict:
         session.busy += 1
         try:
             answer = await self._run(session, session.answer_round, req)
@@ -230,7 +383,7 @@ class VerifierServer:
             m.tree_tokens += len(req.tokens)
             m.emitted_tokens += len(answer["accepted"]) + 1
             m.compute_s += answer["server_s"]
-        return self._reply(answer)
+        return answer
 
     async def close_session(self, request: web.Request) -> web.Response:
         session = self._session(request.match_info["sid"])
@@ -289,20 +442,42 @@ class VerifierServer:
         self.compute.shutdown(wait=False, cancel_futures=True)
 
 
-async def start_site(server: VerifierServer, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve `server` on host:port (0: any free port); returns the runner and the port."""
-    runner = web.AppRunner(server.app(), access_log=None, lingering_time=0)
+class GuardedSite(web.TCPSite):
+    """A TCP site whose connections pass through the server's ConnectionGuard."""
+
+    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int,
+                 ssl_context: ssl.SSLContext | None, handshake_timeout_s: float):
+        super().__init__(runner, host, port, ssl_context=ssl_context)
+        self.guard, self.handshake_timeout_s = guard, handshake_timeout_s
+
+    async def start(self) -> None:
+        self._runner._reg_site(self)
+        self.guard.factory = self._runner.server
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self.guard, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            ssl_handshake_timeout=self.handshake_timeout_s if self._ssl_context is not None else None)
+        self.bound_port = self._server.sockets[0].getsockname()[1]
+
+
+async def start_site(server: VerifierServer, host: str, port: int,
+                     ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    """Serve `server` on host:port (0: any free port), over TLS when
+    `ssl_context` is given; returns the runner and the port."""
+    runner = web.AppRunner(server.app(), access_log_class=StatusCounter, access_log=server.metrics,
+                           logger=server.http_log, lingering_time=0, keepalive_timeout=KEEPALIVE_S,
+                           handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = GuardedSite(runner, server.connections, host, port, ssl_context, server.limits.header_timeout_s)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1] if port == 0 else port
-    return runner, bound
+    return runner, site.bound_port
 
 
-def serve_forever(server: VerifierServer, host: str, port: int, on_ready=None) -> None:
+def serve_forever(server: VerifierServer, host: str, port: int, on_ready=None,
+                  ssl_context: ssl.SSLContext | None = None) -> None:
     """Serve until interrupted (Ctrl-C / SIGTERM)."""
     async def main() -> None:
-        runner, bound = await start_site(server, host, port)
+        runner, bound = await start_site(server, host, port, ssl_context)
         if on_ready is not None:
             on_ready(bound)
         try:
@@ -323,15 +498,16 @@ class ServerThread:
             client = RemoteVerifier(s.url, ...)
     """
 
-    def __init__(self, server: VerifierServer, host: str = "127.0.0.1", port: int = 0):
-        self.server, self.host, self.port = server, host, port
+    def __init__(self, server: VerifierServer, host: str = "127.0.0.1", port: int = 0,
+                 ssl_context: ssl.SSLContext | None = None):
+        self.server, self.host, self.port, self.ssl_context = server, host, port, ssl_context
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
 
     def start(self) -> "ServerThread":
         ready = threading.Event()
@@ -340,7 +516,8 @@ class ServerThread:
             loop = asyncio.new_event_loop()
             self._loop = loop
             try:
-                runner, self.port = loop.run_until_complete(start_site(self.server, self.host, self.port))
+                runner, self.port = loop.run_until_complete(start_site(self.server, self.host, self.port,
+                                                                             self.ssl_context))
             except BaseException as e:  # noqa: BLE001 -- reported to the starting thread
                 self._error = e
                 ready.set()

@@ -4,6 +4,8 @@
 A session's methods run on the server's single compute thread, one at a
 time, so a retried round that arrives while the first copy is still queued
 finds the first one's answer stored and is replayed, never committed twice.
+Its prefill is resumable: `prefill_step` runs one chunk of the prompt, so
+the server can queue other sessions' rounds between the chunks.
 """
 
 from __future__ import annotations
@@ -32,9 +34,23 @@ class VerifierSession:
         self.busy = 0                                      # requests of this session in flight
         self.prompt_tokens = len(request.prompt)
         self.emitted = 0                                   # tokens committed by rounds
+        self.prefill_s = 0.0                               # seconds of prefill chunks so far
+        self._prompt = request.prompt
+        self._chunks = None
+        # the server's bookkeeping of the open (event loop side)
+        self.prefill = None                                # the asyncio task prefilling this session
+        self.waiters: list = []                            # open requests waiting for the prefill
+        self.answered = False                              # an open's answer was sent
+
+    def prefill_step(self, chunk_tokens: int) -> bool:
+        """Prefill the next `chunk_tokens` prompt tokens (one target forward);
+        True once the whole prompt is in and the session can verify rounds."""
         t0 = time.perf_counter()
-        self.verifier.start(request.prompt)
-        self.prefill_s = time.perf_counter() - t0
+        if self._chunks is None:
+            self._chunks = self.verifier.start_chunks(self._prompt, chunk_tokens)
+        done = next(self._chunks, None) is None
+        self.prefill_s += time.perf_counter() - t0
+        return done
 
     @property
     def seed(self) -> int:

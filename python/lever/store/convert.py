@@ -13,6 +13,7 @@ Storage formats:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -28,11 +29,11 @@ from ..model.gguf_file import GGUFFile
 from ..model.gguf_loader import LAYER_TENSOR_NAMES, config_from_gguf, unpermute_qk
 from ..model.registry import resolve_model
 from .flash_reader import chunk_checksums
-from .manifest import ALIGNMENT, CHUNK_BYTES, TOKENIZER, WEIGHTS, Extent, StoreManifest, TensorEntry
+from .manifest import (ALIGNMENT, CHUNK_BYTES, STORAGE_FORMATS, TENSOR_ALIGNMENT, TOKENIZER, WEIGHTS, Extent,
+                       StoreManifest, TensorEntry)
 
-STORAGE_FORMATS = ("source", "bf16")
 BF16 = 30                         # ggml type id
-_TENSOR_ALIGN = 64                # bytes; tensors inside an extent start on this boundary
+_TENSOR_ALIGN = TENSOR_ALIGNMENT  # bytes; tensors inside an extent start on this boundary
 
 
 def _round_up(n: int, to: int) -> int:
@@ -183,9 +184,12 @@ def _write_store(g: GGUFFile, cfg, storage: str, tmp: Path, progress: bool) -> N
         writer.close()
         bar.close()
     tokenizer_meta = {k: v for k, v in g.metadata.items() if k.startswith("tokenizer.")}
-    (tmp / TOKENIZER).write_text(json.dumps(tokenizer_meta))
+    tokenizer_bytes = json.dumps(tokenizer_meta).encode()
+    (tmp / TOKENIZER).write_bytes(tokenizer_bytes)
     source = {"path": str(g.path), "bytes": g.file_size, "name": g.metadata.get("general.name", ""),
               "file_type": g.metadata.get("general.file_type")}
     manifest = StoreManifest(config=cfg, storage=storage, weights_bytes=writer.offset,
-                             extents=writer.extents, source=source)
+                             extents=writer.extents, source=source,
+                             tokenizer_sha256=hashlib.sha256(tokenizer_bytes).hexdigest())
     manifest.save(tmp)
+    StoreManifest.load(tmp)       # what was written must pass the checks every load makes

@@ -15,25 +15,43 @@ included), which
 the reader verifies as the chunks arrive.  Tensors keep a ggml type id: the
 store's storage format decides whether that is the source's block format
 (e.g. Q4_K) or BF16.  Offsets and sizes are in bytes.
+
+Integrity (format version 2): `manifest_sha256` is the SHA-256 of the
+manifest's own canonical content (`manifest_json.digest`) and
+`tokenizer_sha256` that of tokenizer_metadata.json, so an edited manifest --
+a changed hyperparameter, a moved offset, two layers swapped with their
+checksums -- is refused at open, as is an edited tokenizer.  Loading also
+checks every field (`manifest_json`, `validate`) and opens only regular files
+inside the store (`safe_files`).  Version 1 stores (no checksum) are refused
+with the advice to convert again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import StoreError
-from ..model.config import ModelConfig
+from ..model.config import ModelConfig, checked_config
+from . import validate
+from .manifest_json import CHECKSUM_FIELD, Fields, digest, parse_json
+from .safe_files import read_store_file, store_file
 
 STORE_FORMAT = "lever-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ALIGNMENT = 4096                  # bytes; extent start and length granularity
 CHUNK_BYTES = 1 << 20             # bytes per checksummed chunk
+TENSOR_ALIGNMENT = 64             # bytes; tensors inside an extent start on this boundary
+STORAGE_FORMATS = ("source", "bf16")
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.bin"
 TOKENIZER = "tokenizer_metadata.json"
+MAX_MANIFEST_BYTES = 64 << 20     # bytes; a real manifest is well under 1 MB
+MAX_TOKENIZER_BYTES = 1 << 30     # bytes
+_REBUILD = "re-run `lever convert` to rebuild the store"
 
 
 @dataclass(frozen=True)
@@ -85,6 +103,7 @@ class StoreManifest:
     alignment: int = ALIGNMENT
     format: str = STORE_FORMAT
     format_version: int = FORMAT_VERSION
+    tokenizer_sha256: str = ""    # hex SHA-256 of tokenizer_metadata.json
 
     # -- views ---------------------------------------------------------------
 
@@ -111,8 +130,11 @@ class StoreManifest:
     # -- (de)serialisation ---------------------------------------------------
 
     def to_json(self) -> dict:
+        """The manifest as JSON values, sealed with its checksum (`manifest_sha256`)."""
         d = asdict(self)
         d["config"] = asdict(self.config)
+        d = json.loads(json.dumps(d))              # tuples -> lists, as they will be read back
+        d[CHECKSUM_FIELD] = digest(d)
         return d
 
     def save(self, directory: Path) -> None:
@@ -125,65 +147,98 @@ class StoreManifest:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "StoreManifest":
-        """Read and validate a store's manifest against its weights.bin."""
+        """Read a store's manifest and validate it (every field, its checksum)
+        against the store's files; StoreError naming the field otherwise."""
         d = Path(directory)
-        path = d / MANIFEST
         if not d.is_dir():
             raise StoreError(f"{d}: no such store directory")
-        if not path.is_file():
+        if not os.path.lexists(d / MANIFEST):
             raise StoreError(f"{d}: not a Lever store ({MANIFEST} is missing; "
                              f"an interrupted conversion leaves none)")
-        try:
-            raw = json.loads(path.read_text())
-            if raw.get("format") != STORE_FORMAT:
-                raise StoreError(f"{path}: not a Lever store manifest (format {raw.get('format')!r})")
-            if raw.get("format_version") != FORMAT_VERSION:
-                raise StoreError(f"{path}: store format version {raw.get('format_version')} is not "
-                                 f"supported (this Lever reads version {FORMAT_VERSION}); convert again")
-            extents = [Extent(name=e["name"], offset=e["offset"], length=e["length"],
-                              data_bytes=e["data_bytes"], chunk_crc32c=tuple(e["chunk_crc32c"]),
-                              tensors=tuple(TensorEntry(t["name"], t["qtype"], tuple(t["shape"]),
-                                                        t["offset"], t["nbytes"]) for t in e["tensors"]),
-                              rows=tuple(e["rows"]) if e.get("rows") else None)
-                       for e in raw["extents"]]
-            manifest = cls(config=ModelConfig(**raw["config"]), storage=raw["storage"],
-                           weights_bytes=raw["weights_bytes"], extents=extents,
-                           source=raw.get("source", {}), chunk_bytes=raw["chunk_bytes"],
-                           alignment=raw["alignment"])
-        except StoreError:
-            raise
-        except (ValueError, KeyError, TypeError) as e:
-            raise StoreError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from None
+        path = store_file(d, MANIFEST)
+        raw = parse_json(read_store_file(path, MAX_MANIFEST_BYTES), path)
+        if raw.get("format") != STORE_FORMAT:
+            raise StoreError(f"{path}: not a Lever store manifest (format {raw.get('format')!r})")
+        version = raw.get("format_version")
+        if type(version) is not int or version != FORMAT_VERSION:
+            raise StoreError(f"{path}: store format version {version!r} is not "
+                             f"supported (this Lever reads version {FORMAT_VERSION}); {_REBUILD}")
+        manifest = _from_json(raw, path)
         manifest.validate(d)
+        if raw[CHECKSUM_FIELD] != digest(raw):
+            raise StoreError(f"{path}: {CHECKSUM_FIELD} does not match the manifest's content "
+                             f"(the manifest was edited or damaged); {_REBUILD}")
+        manifest.check_files(d)
         return manifest
 
     def validate(self, directory: Path) -> None:
-        """Check that the manifest is self-consistent and matches weights.bin."""
-        weights = directory / WEIGHTS
-        if not weights.is_file():
-            raise StoreError(f"{directory}: {WEIGHTS} is missing")
+        """Check that every field is consistent with the others and the config."""
+        path = directory / MANIFEST
+        validate.check_geometry(self, path, STORAGE_FORMATS)
+        validate.check_extent_names(self, path)
+        validate.check_rows(self, path)
+        validate.check_layout(self, path)
+        validate.check_tensors(self, path, TENSOR_ALIGNMENT)
+
+    def check_files(self, directory: Path) -> None:
+        """weights.bin has the manifest's size; tokenizer_metadata.json its checksum."""
+        weights = store_file(directory, WEIGHTS)
         size = weights.stat().st_size
         if size != self.weights_bytes:
             raise StoreError(f"{weights}: size {size:,} bytes does not match the manifest's "
                              f"{self.weights_bytes:,} (truncated or replaced file)")
-        cfg = self.config
-        names = {e.name for e in self.extents}
-        missing = [f"layer.{i}" for i in range(cfg.n_layers) if f"layer.{i}" not in names]
-        if missing or not self.head_parts or "globals" not in names:
-            raise StoreError(f"{directory / MANIFEST}: incomplete store "
-                             f"(missing {', '.join(missing[:3]) or 'head or globals extents'})")
-        for e in self.extents:
-            n_chunks = -(-e.length // self.chunk_bytes)
-            if (e.offset % self.alignment or e.length % self.alignment or e.offset + e.length > size
-                    or e.data_bytes > e.length or len(e.chunk_crc32c) != n_chunks):
-                raise StoreError(f"{directory / MANIFEST}: extent {e.name} is inconsistent "
-                                 f"(offset {e.offset:,}, length {e.length:,}, file {size:,} bytes)")
-            for t in e.tensors:
-                if t.offset + t.nbytes > e.data_bytes:
-                    raise StoreError(f"{directory / MANIFEST}: tensor {t.name} overruns extent {e.name}")
+        tok = store_file(directory, TOKENIZER)
+        if hashlib.sha256(read_store_file(tok, MAX_TOKENIZER_BYTES)).hexdigest() != self.tokenizer_sha256:
+            raise StoreError(f"{tok}: its SHA-256 does not match the manifest's tokenizer_sha256 "
+                             f"(edited or damaged); {_REBUILD}")
 
     # -- sizes ---------------------------------------------------------------
 
     def bytes_per_pass(self, streamed: list[Extent]) -> int:
         """Bytes read from flash per forward pass when `streamed` extents are not pinned."""
         return sum(e.length for e in streamed)
+
+
+_TOP_FIELDS = ("format", "format_version", "config", "storage", "weights_bytes", "extents", "source",
+               "chunk_bytes", "alignment", "tokenizer_sha256", CHECKSUM_FIELD)
+
+
+def _from_json(raw: dict, path: Path) -> StoreManifest:
+    """A StoreManifest from the parsed JSON, every field type-checked."""
+    top = Fields(raw, "", path)
+    top.only(*_TOP_FIELDS)
+    for key in (CHECKSUM_FIELD, "tokenizer_sha256"):
+        value = top.str(key)
+        if len(value) != 64 or value.strip("0123456789abcdef"):
+            top.fail("must be 64 lowercase hex digits", key)
+    config = checked_config(top.sub("config").obj, f"{path}: config", StoreError)
+    source = top.get("source")
+    if type(source) is not dict:
+        top.fail("must be an object", "source")
+    return StoreManifest(config=config, storage=top.str("storage"), weights_bytes=top.int("weights_bytes"),
+                         extents=[_extent(e, f"extents[{i}]", path) for i, e in enumerate(top.list("extents"))],
+                         source=source, chunk_bytes=top.int("chunk_bytes", 1), alignment=top.int("alignment", 1),
+                         tokenizer_sha256=top.str("tokenizer_sha256"))
+
+
+def _extent(obj, where: str, path: Path) -> Extent:
+    f = Fields(obj, where, path)
+    f.only("name", "offset", "length", "data_bytes", "chunk_crc32c", "tensors", "rows")
+    rows = f.get("rows")
+    if rows is not None:
+        rows = f.ints("rows")
+        if len(rows) != 2:
+            f.fail("must be [first, end] or null", "rows")
+    return Extent(name=f.str("name"), offset=f.int("offset"), length=f.int("length"),
+                  data_bytes=f.int("data_bytes"), chunk_crc32c=f.ints("chunk_crc32c", 0, 2**32 - 1),
+                  tensors=tuple(_tensor(t, f"{where}.tensors[{j}]", path) for j, t in enumerate(f.list("tensors"))),
+                  rows=rows)
+
+
+def _tensor(obj, where: str, path: Path) -> TensorEntry:
+    f = Fields(obj, where, path)
+    f.only("name", "qtype", "shape", "offset", "nbytes")
+    shape = f.ints("shape", 1, 1 << 32)
+    if not 1 <= len(shape) <= 2:
+        f.fail(f"must have 1 or 2 dimensions, has {len(shape)}", "shape")
+    return TensorEntry(f.str("name"), f.int("qtype", 0, 1 << 16), shape, f.int("offset"), f.int("nbytes"))

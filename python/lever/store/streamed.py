@@ -35,13 +35,13 @@ import torch
 from torch.func import functional_call
 
 from .. import _native, quant
-from ..errors import StoreError
+from ..errors import ChecksumError, StoreError
 from ..model.decoder import Decoder, DecoderLayer, RMSNorm, rope_cos_sin
 from ..model.kv_cache import KVCache
 from ..model.linear import Linear, QuantTensor, has_kernel, linear
 from ..model.threads import torch_threads
 from ..model.weights import build_decoder
-from .flash_reader import FlashReader, aligned_empty
+from .flash_reader import FlashReader, aligned_empty, crc32c
 from .manifest import WEIGHTS, Extent, StoreManifest
 from .residency import ResidencyPlan, plan_residency, used_in_place, workspace_elements
 
@@ -153,6 +153,7 @@ class StreamedDecoder:
         self.norm.weight = torch.nn.Parameter(glob.dequantize(self._read_whole(g), g)[0]["norm.weight"].clone(),
                                               requires_grad=False)
         self._embed_rows: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
+        self._verified_chunks: set[tuple[str, int]] = set()     # (extent, chunk) of embedding rows
         self._embed_cap = 4096
         self._streamed = self.plan.streamed
         self._inflight: collections.deque[tuple[Extent, int]] = collections.deque()
@@ -237,6 +238,7 @@ class StreamedDecoder:
         if part.name in self._pinned:
             raw = self._pinned[part.name][start:start + row_bytes]
         else:
+            self._verify_chunks(part, start, row_bytes)
             raw = np.frombuffer(os.pread(self._embed_fd, row_bytes, part.offset + start), dtype=np.uint8)
             self.stats.embedding_bytes += row_bytes
             if raw.nbytes != row_bytes:
@@ -245,6 +247,25 @@ class StreamedDecoder:
         dst = out.view(torch.int16).numpy().view(np.uint16) if self.dtype == torch.bfloat16 else out.numpy()
         _native.dequantize(np.ascontiguousarray(raw), t.qtype, dst)
         return out
+
+    def _verify_chunks(self, e: Extent, start: int, nbytes: int) -> None:
+        """Check (once per chunk) the CRC32C of the chunks of extent `e` that hold
+        its bytes [start, start + nbytes): embedding rows are read on demand
+        with pread, outside the reader that verifies everything else."""
+        cb = self.manifest.chunk_bytes
+        for k in range(start // cb, (start + nbytes - 1) // cb + 1):
+            if (e.name, k) in self._verified_chunks:
+                continue
+            n = min(cb, e.length - k * cb)
+            data = os.pread(self._embed_fd, n, e.offset + k * cb)
+            self.stats.embedding_bytes += len(data)
+            if len(data) != n or crc32c(data) != e.chunk_crc32c[k]:
+                err = ChecksumError(f"{e.name}: checksum mismatch in {e.name} at offset {e.offset + k * cb} "
+                                    f"of {self.store_dir / WEIGHTS} (the store is damaged; re-run `lever convert`)")
+                err.label, err.path, err.offset, err.reason = e.name, str(self.store_dir / WEIGHTS), \
+                    e.offset + k * cb, "checksum"
+                raise err
+            self._verified_chunks.add((e.name, k))
 
     # -- the Decoder interface ---------------------------------------------------
 

@@ -2,14 +2,18 @@
 
 - `verify_greedy`: the target's argmax at each node; output identical to
   target-only greedy decoding.
-- `verify_sampling_walk`: sample y ~ p_v (the target's processed
-  distribution) at each visited node, descend while y is a child.  Every
-  emitted token is a draw from the target given the tokens before it, so
-  the output has exactly the target's distribution -- for any tree.
+- `verify_position_draws`: the sampling rule of every mode.  At each
+  visited node the target's token is drawn with the position-keyed
+  Gumbel-max draw of lever.sampling.sample_at; descend while it is a child.
+  Every emitted token is the very token plain sampling with the same seed
+  draws at that position, so the output has exactly the target's
+  distribution -- for any tree -- and equals plain decoding's text.
 - `verify_chain_leviathan`: the conventional rule for a chain drafted by
   sampling from q: accept x with probability min(1, p(x)/q(x)), on rejection
-  draw from norm(max(0, p - q)); exact when q is the distribution the chain
-  was drawn from.
+  draw from norm(max(0, p - q)); exact in distribution when q is the
+  distribution the chain was drawn from, but its draws depend on the draft,
+  so it does not reproduce plain sampling's text.  Kept as the baseline of
+  conventional speculative decoding (`SpecConfig(rule="leviathan")`).
 
 Logits are float32 [n_nodes, vocab] in the tree's node order.  Each rule
 returns (accepted node indices, next token).
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams, processed_probs
+from ..sampling import SamplingParams, processed_probs, sample_at
 from ..tree import TokenTree
 
 
@@ -27,16 +31,19 @@ def verify_greedy(tree: TokenTree, logits: torch.Tensor) -> tuple[list[int], int
     return tree.walk(logits.argmax(-1).numpy())
 
 
-def verify_sampling_walk(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
-                         generator: torch.Generator) -> tuple[list[int], int]:
-    accepted, node = [], 0
+def verify_position_draws(tree: TokenTree, logits: torch.Tensor, params: SamplingParams, seed: int,
+                          root_position: int) -> tuple[list[int], int]:
+    """Walk from the root: at node v draw the target's token at its position
+    (`sample_at`, keyed by (seed, root_position + depth(v) + 1)) and descend
+    while the draw is a child of v."""
+    accepted, node, depth = [], 0, 0
     while True:
-        y = int(torch.multinomial(processed_probs(logits[node], params), 1, generator=generator))
+        y = sample_at(logits[node], params, seed, root_position + depth + 1)
         child = tree.child_with_token(node, y)
         if child < 0:
             return accepted, y
         accepted.append(child)
-        node = child
+        node, depth = child, depth + 1
 
 
 def verify_chain_leviathan(tree: TokenTree, logits: torch.Tensor, draft_probs: torch.Tensor,

@@ -6,10 +6,11 @@ on the server side of edge-cloud mode, of every remote session
 (lever.remote.session).  It owns the target's KV cache for one sequence:
 the cache holds every committed token except the newest one, the *root*.
 
-Randomness of the sampling rules is drawn from a generator seeded per round
-from (the sequence's seed, the root's position), so a round's outcome
-depends only on the seed, the committed tokens and the tree -- the same
-here and on a verifier server, and again after a server restart.
+Sampling draws the target's token at each position from (the sequence's
+seed, the position) alone (lever.sampling.sample_at), so the text depends
+only on the seed and the prompt -- the same here and on a verifier server,
+after a server restart, and in plain decoding.  (The Leviathan baseline's
+uniforms come from a generator seeded per round from (seed, root position).)
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import torch
 
 from ..errors import LeverError
 from ..autoregressive import PREFILL_CHUNK, prefill_chunk
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, resolve_seed
 from ..tree import TokenTree
-from .rules import verify_chain_leviathan, verify_greedy, verify_sampling_walk
+from .rules import verify_chain_leviathan, verify_greedy, verify_position_draws
 
 
 @dataclass
@@ -66,7 +67,7 @@ class TargetVerifier:
     def __init__(self, target, params: SamplingParams, capacity: int, seed: int | None = None):
         self.target, self.params = target, params
         base = seed if seed is not None else params.seed
-        self.seed = int(base) if base is not None else int(torch.seed()) >> 1
+        self.seed = int(base) if base is not None else resolve_seed(params)
         self.cache = target.new_cache(capacity=capacity)
         self.root: int | None = None
         self.calls = 0               # target passes over trees (prefill excluded)
@@ -110,8 +111,9 @@ class TargetVerifier:
     def verify(self, tree: TokenTree, draft_probs: torch.Tensor | None = None) -> Verdict:
         """Score `tree` (node 0 = the root), apply the exact rule and commit.
         draft_probs: for a chain drawn by sampling, q of each drafted token's
-        position ([k, vocab]) -- the Leviathan rule; otherwise the rule is the
-        greedy walk or the sampling walk, which need no draft distribution."""
+        position ([k, vocab]) -- the conventional Leviathan rule, asked for by
+        `SpecConfig(rule="leviathan")`; otherwise the rule is the greedy walk
+        or the position-keyed draws, which need no draft distribution."""
         if self.root is None:
             raise LeverError("TargetVerifier.verify before start")
         if tree.token(0) != self.root:
@@ -125,13 +127,12 @@ class TargetVerifier:
         t1 = time.perf_counter()
         if self.params.greedy:
             accepted, next_token = verify_greedy(tree, logits)
-        else:
+        elif draft_probs is not None:
             generator = torch.Generator()
             generator.manual_seed(round_seed(self.seed, n))
-            if draft_probs is not None:
-                accepted, next_token = verify_chain_leviathan(tree, logits, draft_probs, self.params, generator)
-            else:
-                accepted, next_token = verify_sampling_walk(tree, logits, self.params, generator)
+            accepted, next_token = verify_chain_leviathan(tree, logits, draft_probs, self.params, generator)
+        else:
+            accepted, next_token = verify_position_draws(tree, logits, self.params, self.seed, n)
         self.cache.compact(torch.from_numpy(tree.compaction_indices(n, accepted)))
         self.root = int(next_token)
         self.calls += 1

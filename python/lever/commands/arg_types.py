@@ -1,0 +1,182 @@
+"""argparse value types of the `lever` commands, defined once.
+
+Each type turns an option's text into a value of the stated unit and range,
+or raises argparse.ArgumentTypeError with one clear line, which the parser
+(lever.cli) prints as `lever: error: argument --OPTION: ...` with exit
+status 2. Ranges come from lever.commands.limits and lever.sampling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import Callable
+
+from .limits import MAX_NUMBER_CHARS, MAX_READ_RATE, MAX_SIZE_BYTES, MIN_READ_RATE
+
+
+def _short(text: str) -> str:
+    """`text` quoted for a message, cut to a readable length."""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _number_text(text: str) -> str:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise argparse.ArgumentTypeError(f"{_short(text)} is too long for a number "
+                                         f"(at most {MAX_NUMBER_CHARS} characters)")
+    return text.strip()
+
+
+def integer(lo: int, hi: int) -> Callable[[str], int]:
+    """An integer from lo to hi inclusive."""
+    def parse(text: str) -> int:
+        try:
+            value = int(_number_text(text), 10)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo:,} to {hi:,}, got {_short(text)}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def real(lo: float, hi: float) -> Callable[[str], float]:
+    """A finite number from lo to hi inclusive."""
+    def parse(text: str) -> float:
+        value = _float_or_fail(text)
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise argparse.ArgumentTypeError(f"expected a number from {lo:g} to {hi:g}, got {_short(text)}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def _sampling(field: str, value) -> None:
+    """Check one sampling field against lever.sampling's ranges (its message names the range)."""
+    from ..sampling import SamplingParams
+    try:
+        SamplingParams(**{field: value})
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _float_or_fail(text: str) -> float:
+    try:
+        return float(_number_text(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {_short(text)}") from None
+
+
+def _int_or_fail(text: str) -> int:
+    try:
+        return int(_number_text(text), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {_short(text)}") from None
+
+
+def temperature(text: str) -> float:
+    """0 (greedy) or from MIN_TEMPERATURE to MAX_TEMPERATURE (lever.sampling);
+    anything in between is refused, not turned into greedy."""
+    value = _float_or_fail(text)
+    _sampling("temperature", value)
+    return value
+
+
+def top_p(text: str) -> float:
+    """From MIN_TOP_P to 1 (1 disables top-p)."""
+    value = _float_or_fail(text)
+    _sampling("top_p", value)
+    return value
+
+
+def top_k(text: str) -> int:
+    """Tokens kept, 0 (off) to MAX_TOP_K."""
+    value = _int_or_fail(text)
+    _sampling("top_k", value)
+    return value
+
+
+def seed(text: str) -> int:
+    """A sampling seed, 0 to MAX_SEED (2**63-1)."""
+    value = _int_or_fail(text)
+    _sampling("seed", value)
+    return value
+
+
+def size(text: str) -> int:
+    """A size in bytes: '600MB' (10^6), '1.5GiB' (2^30), '512M' (2^20) or a
+    byte count, from 1 byte to MAX_SIZE_BYTES."""
+    from ..errors import LeverError
+    from ..store.residency import parse_size
+    try:
+        value = parse_size(_number_text(text))
+    except LeverError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    except (OverflowError, ValueError):          # digits beyond a float's range
+        raise argparse.ArgumentTypeError(f"expected a size from 1 byte to {MAX_SIZE_BYTES >> 40} TiB, "
+                                         f"got {_short(text)}") from None
+    if not 1 <= value <= MAX_SIZE_BYTES:
+        raise argparse.ArgumentTypeError(f"expected a size from 1 byte to {MAX_SIZE_BYTES >> 40} TiB, "
+                                         f"got {_short(text)}")
+    return value
+
+
+def read_rate(text: str) -> float:
+    """A read-bandwidth cap in bytes/s ('200MB/s', '1.5GiB/s', a number of
+    bytes/s): 0 (no cap) or from MIN_READ_RATE to MAX_READ_RATE."""
+    from ..errors import LeverError
+    from ..store.residency import parse_rate
+    try:
+        value = parse_rate(_number_text(text))
+    except LeverError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value != 0 and not MIN_READ_RATE <= value <= MAX_READ_RATE:
+        raise argparse.ArgumentTypeError(f"expected 0 (no cap) or a rate from {MIN_READ_RATE / 1e6:g}MB/s to "
+                                         f"{MAX_READ_RATE / 1e12:g}TB/s, got {_short(text)}")
+    return value
+
+
+def name(text: str) -> str:
+    """A non-empty name, path or URL (an empty one would read as 'not given')."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty, got {_short(text)}")
+    return text
+
+
+def directory(text: str) -> str:
+    """A directory that may not exist yet (it is created), but not a file."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a directory, got ''")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text}: exists and is not a directory")
+    return text
+
+
+def store_dir(text: str) -> str:
+    """An existing flash store directory (its contents are checked when it is opened)."""
+    if not os.path.isdir(text):
+        what = "is not a directory" if os.path.exists(text) else "no such store directory"
+        raise argparse.ArgumentTypeError(f"{text}: {what} (make a store with `lever convert MODEL --out DIR`)")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write: its directory must exist and it must not be a directory."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a file name, got ''")
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a directory, expected a file name")
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: the directory {path.absolute().parent} does not exist")
+    return text
+
+
+def file_stem(text: str) -> str:
+    """A file name without directory, e.g. 'bench' for bench.json and bench.png."""
+    if not text or text in (".", "..") or "/" in text or "\0" in text or os.sep in text:
+        raise argparse.ArgumentTypeError(f"expected a file name without '/', got {_short(text)}")
+    return text

@@ -1,0 +1,204 @@
+"""A tiny synthetic GGUF model (random weights) and a store of it, for fast
+format tests: 2 layers, hidden size 64, vocabulary 64, Q8_0 matrices and F32
+norms, written with the `gguf` package. Builds in well under a second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+D, FF, VOCAB, HEADS, KV_HEADS, LAYERS = 64, 96, 64, 4, 2, 2
+TOKENS = [1, 5, 9, 33, 2]
+
+
+def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0) -> Path:
+    """A 2-layer `arch` model; `tied`: no output.weight (the head is the embedding)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(D)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(VOCAB)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    w.add_token_types([1] * VOCAB)
+    rng = np.random.default_rng(seed)
+    hd = D // HEADS
+
+    def add(name, shape, quantize=True):
+        x = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        if len(shape) == 1:
+            x = 1.0 + x                     # norms near 1
+        if quantize and len(shape) == 2:
+            q = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, x)
+
+    add("token_embd.weight", (VOCAB, D))
+    for i in range(LAYERS):
+        add(f"blk.{i}.attn_norm.weight", (D,))
+        add(f"blk.{i}.attn_q.weight", (HEADS * hd, D))
+        add(f"blk.{i}.attn_k.weight", (KV_HEADS * hd, D))
+        add(f"blk.{i}.attn_v.weight", (KV_HEADS * hd, D))
+        if arch == "qwen2":
+            add(f"blk.{i}.attn_q.bias", (HEADS * hd,))
+            add(f"blk.{i}.attn_k.bias", (KV_HEADS * hd,))
+            add(f"blk.{i}.attn_v.bias", (KV_HEADS * hd,))
+        add(f"blk.{i}.attn_output.weight", (D, HEADS * hd))
+        add(f"blk.{i}.ffn_norm.weight", (D,))
+        add(f"blk.{i}.ffn_gate.weight", (FF, D))
+        add(f"blk.{i}.ffn_up.weight", (FF, D))
+        add(f"blk.{i}.ffn_down.weight", (D, FF))
+    add("output_norm.weight", (D,))
+    if not tied:
+        add("output.weight", (VOCAB, D))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def gguf_logits(path) -> torch.Tensor:
+    """Float32 logits of TOKENS through the in-memory GGUF decoder."""
+    from lever.model.decoder import causal_mask
+    from lever.model.gguf_loader import load_gguf_model
+    model, _ = load_gguf_model(path, torch.float32)
+    n = len(TOKENS)
+    return model(torch.tensor(TOKENS), torch.arange(n), causal_mask(n, 0), model.new_cache())
+
+
+def store_logits(store) -> torch.Tensor:
+    """Float32 logits of TOKENS through a StreamedDecoder over `store`
+    (budget for everything but the minimum ring: both paths are exercised)."""
+    from lever.model.decoder import causal_mask
+    from lever.store.streamed import StreamedDecoder
+    model = StreamedDecoder(store, 64 << 20, torch.float32, kv_tokens=64)
+    try:
+        n = len(TOKENS)
+        return model(torch.tensor(TOKENS), torch.arange(n), causal_mask(n, 0), model.new_cache())
+    finally:
+        model.close()
+
+
+# -- GGUF header surgery -------------------------------------------------------
+
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def header_fields(path) -> list[tuple[str, int, int]]:
+    """(label, byte offset, size in bytes) of every integer field of the header
+    of a well-formed GGUF: counts, key/name lengths, value types, scalar
+    values, array types and counts, tensor dims, types and offsets."""
+    import struct
+    data = Path(path).read_bytes()
+    out, pos = [], 8
+
+    def u(fmt, label):
+        nonlocal pos
+        size = struct.calcsize(fmt)
+        out.append((label, pos, size))
+        v = struct.unpack_from(fmt, data, pos)[0]
+        pos += size
+        return v
+
+    def string(label):
+        nonlocal pos
+        n = u("<Q", f"{label} length")
+        s = data[pos:pos + n].decode()
+        pos += n
+        return s
+
+    def value(vtype, label):
+        nonlocal pos
+        if vtype in _SCALAR:
+            u({1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[_SCALAR[vtype]], f"{label} value")
+        elif vtype == 8:
+            string(f"{label} string")
+        else:
+            etype = u("<I", f"{label} array type")
+            count = u("<Q", f"{label} array count")
+            for i in range(count):
+                value(etype, f"{label}[{i}]")
+
+    n_tensors, n_kv = u("<Q", "tensor count"), u("<Q", "kv count")
+    for _ in range(n_kv):
+        key = string("key")
+        out[-1] = (f"{key} key length", *out[-1][1:])
+        value(u("<I", f"{key} type"), key)
+    for _ in range(n_tensors):
+        name = string("name")
+        out[-1] = (f"{name} name length", *out[-1][1:])
+        n_dims = u("<I", f"{name} n_dims")
+        for i in range(n_dims):
+            u("<Q", f"{name} dim{i}")
+        u("<I", f"{name} type")
+        u("<Q", f"{name} offset")
+    return out
+
+
+def field(path, label) -> tuple[int, int]:
+    """(offset, size) of header field `label` (see header_fields)."""
+    for name, off, size in header_fields(path):
+        if name == label:
+            return off, size
+    raise KeyError(label)
+
+
+def poke(path, label, value: int) -> None:
+    """Overwrite integer header field `label` with `value` (little endian)."""
+    off, size = field(path, label)
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(int(value).to_bytes(size, "little", signed=value < 0))
+
+
+def peek(path, label) -> int:
+    off, size = field(path, label)
+    with open(path, "rb") as f:
+        f.seek(off)
+        return int.from_bytes(f.read(size), "little")
+
+
+def poke_f32(path, label, value: float) -> None:
+    """Overwrite the float32 header field `label` with `value`."""
+    import struct
+    off, _ = field(path, label)
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(struct.pack("<f", value))
+
+
+def run_with_alarm(fn, seconds: int = 20):
+    """fn() with a SIGALRM deadline: a hang fails as TimeoutError (not a LeverError)."""
+    import signal
+
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"no answer within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def lever_error_of(fn, seconds: int = 20):
+    """The LeverError fn() raises (None if it returns); any other exception propagates."""
+    from lever.errors import LeverError
+    try:
+        run_with_alarm(fn, seconds)
+    except LeverError as e:
+        assert len(str(e).splitlines()) == 1, f"not one line: {e}"
+        return e
+    return None
