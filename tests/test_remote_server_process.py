@@ -75,6 +75,13 @@ def reference(smollm2_path, lever_cache):
     return target.generate(PROMPT, max_new_tokens=40).token_ids
 
 
+@pytest.fixture(scope="module")
+def sampled_reference(smollm2_path, lever_cache):
+    """Plain sampling in this process: tokens for sampling keyword arguments."""
+    target = load(str(smollm2_path), cache_dir=lever_cache, progress=False)
+    return lambda **sampled: target.generate(PROMPT, max_new_tokens=40, **sampled).token_ids
+
+
 @pytest.fixture()
 def server(smollm2_path, lever_cache):
     s = ServerProcess(smollm2_path, lever_cache, free_port())
@@ -102,17 +109,19 @@ def generate_with_restart(server, remote, restart_after: int, **kw):
     return out
 
 
-def test_server_killed_and_restarted_mid_generation(server, draft, reference, tmp_path):
+def test_server_killed_and_restarted_mid_generation(server, draft, reference, sampled_reference, tmp_path):
     remote = RemoteTarget(server.url, draft=draft, mode="tree", tree=TreeShape(8, 2, 4), retry_deadline_s=120,
                           cache_dir=tmp_path, progress=False)
     out = generate_with_restart(server, remote, restart_after=10)
     assert out.token_ids == reference
     assert out.remote["rebuilds"] >= 1 and out.remote["retries"] >= 1 and out.remote["sessions"] >= 2
-    # sampling: the per-round seeds follow positions, so a restart changes nothing either
+    # sampling is keyed by position, so a restart changes nothing either, and the
+    # text is plain sampling's in this process with the same seed
     sampled = dict(temperature=0.9, top_p=0.95, seed=11)
     calm = remote.generate(PROMPT, max_new_tokens=40, **sampled)
     stormy = generate_with_restart(server, remote, restart_after=12, **sampled)
     assert stormy.token_ids == calm.token_ids and stormy.remote["rebuilds"] >= 1
+    assert calm.token_ids == sampled_reference(**sampled)
     assert calm.token_ids != reference             # it did sample
 
 

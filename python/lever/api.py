@@ -52,6 +52,7 @@ class Completion:
             "prompt_tokens": len(r.prompt_ids),
             "new_tokens": len(r.token_ids),
             "stop_reason": r.stop_reason,
+            "seed": r.seed,
             "timing": {
                 "load_s": round(self.load_s, 4),
                 "prefill_s": round(r.prefill_s, 4),

@@ -35,7 +35,7 @@ Acceptance
   children's tokens. ``accepted_nodes`` (a list, root excluded) are the nodes
   descended to; ``next_token`` is the target token where the walk stopped (the
   next root). Only visited entries are read.
-- The sampling walk samples a token at each visited node in Python and steps
+- The sampling walk draws a token at each visited node in Python and steps
   with ``child_with_token(node, token)`` (-1: stop).
 - ``compaction_indices(n_cached, accepted_nodes)`` -> int64 rows to keep:
   ``0..n_cached-1``, ``n_cached`` (the root), then ``n_cached + j`` for each

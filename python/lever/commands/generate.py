@@ -66,10 +66,16 @@ def add_parser(subparsers) -> None:
     add_reader_options(flash)
     remote = p.add_argument_group("edge-cloud: the target on a verifier server (`lever serve-verifier`)")
     remote.add_argument("--remote", type=arg_types.name, default=None, metavar="URL",
-                        help="verify on the server at URL (http://HOST:PORT); --draft drafts and tokenizes here "
+                        help="verify on the server at URL (http://HOST:PORT or https://HOST:PORT); --draft drafts and tokenizes here "
                              "(default mode lever; --mode ar is target-only remote decoding)")
     remote.add_argument("--token-file", type=arg_types.name, default=None, metavar="F",
                         help="file holding the server's bearer token")
+    remote.add_argument("--tls-ca", type=arg_types.name, default=None, metavar="PEM",
+                        help="an https:// server's certificate (or its CA) in PEM, for a server whose "
+                             "certificate the system does not trust (e.g. self-signed)")
+    remote.add_argument("--timeout", type=arg_types.real(1.0, MAX_RETRY_DEADLINE_S), default=120.0,
+                        metavar="SECONDS", help="the longest one HTTP exchange with the server may take "
+                                                "(default 120)")
     remote.add_argument("--call-cost-ms", type=arg_types.real(0.0, MAX_CALL_COST_MS), default=0.0, metavar="MS",
                         help="mode lever: count each target call as this many extra milliseconds when sizing "
                              "trees, trading speed for fewer server calls (default 0: fastest)")
@@ -181,7 +187,8 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
     target = RemoteTarget(args.remote, draft=args.draft, token=read_token(args.token_file) if args.token_file else None,
                           mode=mode, draft_len=args.draft_len, tree=shape, max_nodes=args.lever_max_nodes,
                           max_depth=args.lever_max_depth, topk=args.lever_topk, retry_deadline_s=args.retry_deadline,
-                          call_cost_s=args.call_cost_ms / 1e3, cache_dir=args.cache_dir)
+                          call_cost_s=args.call_cost_ms / 1e3, cache_dir=args.cache_dir, tls_ca=args.tls_ca,
+                          timeout_s=args.timeout)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)

@@ -167,7 +167,7 @@ class RemoteVerifier:
 
     def verify(self, tree: TokenTree, draft_probs=None) -> Verdict:
         """Have the server verify `tree` and commit its answer.  draft_probs is
-        ignored: the protocol is token-only (greedy or the sampling walk)."""
+        ignored: the protocol is token-only (greedy or the position-keyed draws)."""
         if self.session is None:
             raise LeverError("RemoteVerifier.verify before start")
         if len(tree) > self.max_tree_nodes:

@@ -2,9 +2,10 @@
 
 Token-only: the edge sends token ids and parent indices, the server answers
 with tree node indices and one token.  No draft distributions travel, and
-the acceptance rule (greedy walk, or the sampling walk seeded per round from
-the session seed and the root's position) runs on the server, so the output
-is exactly the target's.
+the acceptance rule (greedy walk, or the position-keyed draws of
+lever.sampling.sample_at with the session seed) runs on the server, so the
+output is exactly the target's -- the very text of plain sampling with
+that seed.
 
 Every body is a JSON object carrying ``"v": 1``.  Paths are under ``/v1``:
 
