@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from lever.autoregressive import generate_tokens
 from lever.draft.base import TreeShape

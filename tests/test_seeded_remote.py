@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from lever.autoregressive import generate_tokens
-from lever.draft.model_drafter import ModelDrafter
 from lever.engine import SpecConfig, run_speculative
 from lever.remote.client import RemoteVerifier
 from lever.remote.protocol import Limits

@@ -54,13 +54,22 @@ def real(lo: float, hi: float) -> Callable[[str], float]:
     return parse
 
 
-def _sampling(field: str, value) -> None:
-    """Check one sampling field against lever.sampling's ranges (its message names the range)."""
-    from ..sampling import SamplingParams
-    try:
-        SamplingParams(**{field: value})
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def sampling(field: str, parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse type for the sampling field `field` of lever.sampling's
+    SamplingParams: text parsed by `parse`, then checked against the ranges
+    SamplingParams defines (temperature 0 or MIN..MAX_TEMPERATURE, top_p
+    MIN_TOP_P..1, top_k 0..MAX_TOP_K, seed 0..MAX_SEED), whose message names
+    the range; nothing is clamped or turned into greedy."""
+    def check(text: str):
+        from ..sampling import SamplingParams
+        value = parse(text)
+        try:
+            SamplingParams(**{field: value})
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    check.__name__ = field
+    return check
 
 
 def _float_or_fail(text: str) -> float:
@@ -77,33 +86,10 @@ def _int_or_fail(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {_short(text)}") from None
 
 
-def temperature(text: str) -> float:
-    """0 (greedy) or from MIN_TEMPERATURE to MAX_TEMPERATURE (lever.sampling);
-    anything in between is refused, not turned into greedy."""
-    value = _float_or_fail(text)
-    _sampling("temperature", value)
-    return value
-
-
-def top_p(text: str) -> float:
-    """From MIN_TOP_P to 1 (1 disables top-p)."""
-    value = _float_or_fail(text)
-    _sampling("top_p", value)
-    return value
-
-
-def top_k(text: str) -> int:
-    """Tokens kept, 0 (off) to MAX_TOP_K."""
-    value = _int_or_fail(text)
-    _sampling("top_k", value)
-    return value
-
-
-def seed(text: str) -> int:
-    """A sampling seed, 0 to MAX_SEED (2**63-1)."""
-    value = _int_or_fail(text)
-    _sampling("seed", value)
-    return value
+temperature = sampling("temperature", _float_or_fail)
+top_p = sampling("top_p", _float_or_fail)
+top_k = sampling("top_k", _int_or_fail)
+seed = sampling("seed", _int_or_fail)
 
 
 def size(text: str) -> int:

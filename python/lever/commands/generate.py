@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
     spec.add_argument("--draft", type=arg_types.name, default=None, metavar="NAME",
                       help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)")
     spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree", "lever"],
-                      help="ar: target alone; chain: k drafted tokens, Leviathan rule; tree: a static token "
+                      help="ar: target alone; chain: k drafted tokens; tree: a static token "
                            "tree; lever: a tree sized per iteration by expected tokens per second from this "
                            "device's profile (default: lever with a draft model and --target-store, tree with "
                            "another --draft, else ar)")

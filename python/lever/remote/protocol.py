@@ -25,7 +25,7 @@ POST     /v1/sessions/{id}/rounds   {"round": r, "tokens": [ids], "parents": [in
                                     "position": p, "server_s": s, "calls": n,
                                     "replayed": bool}
 DELETE   /v1/sessions/{id}          -> {"closed": id, "rounds": n}
-GET      /v1/metrics                -> counters (see server.Metrics)
+GET      /v1/metrics                -> counters (see metrics.Metrics)
 =======  =========================  ==============================================
 
 Semantics: the prompt's last token is the session's *root*; a round's tree

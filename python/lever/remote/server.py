@@ -35,82 +35,16 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 
 from .connections import ConnectionGuard
+from .metrics import Metrics, OneLineLog, StatusCounter
 from .protocol import VERSION, Limits, ProtocolError, decode, encode, parse_open, parse_round
 from .session import VerifierSession
 
 KEEPALIVE_S = 75.0          # an idle keep-alive connection is closed after this many seconds
-LOG_CHARS = 300             # characters of one logged line about a client's malformed HTTP
-
-
-@dataclass
-class Metrics:
-    """Server counters since start. Seconds are seconds, bytes are body bytes."""
-
-    started: float = field(default_factory=time.monotonic)
-    sessions_opened: int = 0
-    sessions_closed: int = 0
-    sessions_expired: int = 0
-    sessions_failed: int = 0
-    sessions_abandoned: int = 0        # opens given up because their client went away
-    prefill_tokens: int = 0
-    rounds: int = 0                    # target passes over trees (= target calls)
-    replayed: int = 0                  # retried rounds answered from the stored answer
-    tree_tokens: int = 0               # tokens scored in rounds (roots included)
-    emitted_tokens: int = 0            # tokens committed by rounds
-    compute_s: float = 0.0             # target passes, prefills included
-    bytes_in: int = 0
-    bytes_out: int = 0
-    statuses: dict = field(default_factory=dict)  # HTTP status -> answers sent with it
-    connections_refused: int = 0       # over the connection limits (answered 503, counted there too)
-    connections_timed_out: int = 0     # cut off for headers not complete in time
-
-    def count(self, status: int) -> None:
-        self.statuses[status] = self.statuses.get(status, 0) + 1
-
-    def to_json(self, active: int) -> dict:
-        return {
-            "uptime_s": round(time.monotonic() - self.started, 3),
-            "sessions": {"active": active, "opened": self.sessions_opened, "closed": self.sessions_closed,
-                         "expired": self.sessions_expired, "failed": self.sessions_failed,
-                         "abandoned": self.sessions_abandoned},
-            "target_calls": self.rounds, "replayed_rounds": self.replayed,
-            "prefill_tokens": self.prefill_tokens, "tree_tokens": self.tree_tokens,
-            "emitted_tokens": self.emitted_tokens,
-            "tokens_per_call": round(self.emitted_tokens / self.rounds, 4) if self.rounds else None,
-            "compute_s": round(self.compute_s, 4), "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
-            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
-            "errors": {str(k): v for k, v in sorted(self.statuses.items()) if k >= 400},
-            "connections": {"refused": self.connections_refused, "timed_out": self.connections_timed_out},
-        }
-
-
-class StatusCounter(AbstractAccessLogger):
-    """aiohttp's access log, used to count every answer's status, aiohttp's own
-    (malformed HTTP: 400) included.  `logger` is the server's Metrics."""
-
-    def log(self, request, response, time: float) -> None:
-        self.logger.count(response.status)
-
-
-class OneLineLog(logging.Handler):
-    """aiohttp's server log (malformed HTTP, dropped connections) as one line
-    per record, without tracebacks, through the server's `log`."""
-
-    def __init__(self, say):
-        super().__init__(logging.WARNING)
-        self.say = say
-
-    def emit(self, record: logging.LogRecord) -> None:
-        exc = record.exc_info[1] if record.exc_info else None
-        line = record.getMessage() + (f" ({type(exc).__name__}: {exc})" if exc else "")
-        self.say("http: " + " ".join(line.split())[:LOG_CHARS])
 
 
 class VerifierServer:
