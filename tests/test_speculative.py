@@ -575,8 +575,8 @@ class CheckingDrafter:
         self.inner.reset(prompt_ids, capacity)
         self.committed = list(prompt_ids)
 
-    def draft_tree(self, root, shape):
-        return self.inner.draft_tree(root, shape)
+    def draft_tree(self, root, shape, params=SamplingParams(), seed=None):
+        return self.inner.draft_tree(root, shape, params, seed)
 
     def draft_chain(self, root, k, params, seed):
         return self.inner.draft_chain(root, k, params, seed)

@@ -147,7 +147,7 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
                 grown = spec.policy.draft(drafter, root)
                 tree = grown.tree
             elif spec.mode == "tree":
-                tree = drafter.draft_tree(root, spec.tree)
+                tree = drafter.draft_tree(root, spec.tree, params, seed)
             elif spec.mode == "chain":
                 tree, draft_probs = drafter.draft_chain(root, spec.draft_len, params, seed)
                 if spec.rule != "leviathan" or params.greedy:

@@ -37,8 +37,10 @@ class Drafter(Protocol):
         """Start a new sequence; the prompt's last token is the first root.
         capacity: KV rows a model drafter should allocate up front."""
 
-    def draft_tree(self, root: int, shape: TreeShape) -> TokenTree:
-        """A tree rooted at `root` (node 0)."""
+    def draft_tree(self, root: int, shape: TreeShape, params: SamplingParams = SamplingParams(),
+                   seed: int | None = None) -> TokenTree:
+        """A tree rooted at `root` (node 0); under sampling a drafter may use the
+        target's position-keyed noise (`seed`) to propose what the target will draw."""
 
     def draft_chain(self, root: int, k: int, params: SamplingParams,
                     seed: int | None) -> tuple[TokenTree, torch.Tensor | None]:

@@ -3,7 +3,8 @@
 Each step is one batched forward of the draft over some tree nodes (with the
 tree's attention mask, appended to the draft's own KV cache): the static
 policy (`draft_tree`) forwards the nodes added last and keeps the best
-candidates of the pool by draft path probability; the gain-cost policy
+candidates of the pool by draft path probability (under sampling, the
+draft's own position-keyed draw first); the gain-cost policy
 (lever.draft.gain_cost) chooses the nodes itself and calls `expand`.
 Draft KV rows are assigned in forward order (`self._rows`: node -> row after
 the committed rows); a node attends to the committed rows and to the rows of
@@ -105,28 +106,42 @@ class ModelDrafter:
 
     # -- static policies ---------------------------------------------------------------
 
-    def draft_tree(self, root: int, shape: TreeShape) -> TokenTree:
+    def draft_tree(self, root: int, shape: TreeShape, params: SamplingParams = SamplingParams(),
+                   seed: int | None = None) -> TokenTree:
         """Best-first growth in `shape.depth` draft steps of `shape.width` nodes each.
 
         Every forwarded node offers its top-k tokens as candidates; each step
-        adds the best remaining candidates by draft path log-probability
-        (from any level), then runs them through the draft as one batch.
+        adds the best remaining candidates by priority, then runs them through
+        the draft as one batch.  A candidate's priority is its draft path
+        log-probability, except under sampling: there each forwarded node
+        also offers the draft's own position-keyed draw (`sample_at` with the
+        target's `seed`), at its parent's priority -- the path the target is
+        most likely to draw itself comes first.
         """
         self.start_tree()
         tree = TokenTree(root)
-        candidates: list[tuple[float, int, int, float]] = []    # (-path logprob, parent, token, logprob)
+        priority = [0.0]                                          # per tree node
+        candidates: list[tuple[float, int, int, float]] = []    # (-priority, parent, token, logprob)
         lo = 0
         for _ in range(shape.depth):
             hi = len(tree)
-            top_tok, top_lp = self.expand(tree, list(range(lo, hi)), shape.topk)
-            for row in range(hi - lo):
-                base = tree.path_logprob(lo + row)
+            nodes = list(range(lo, hi))
+            logits = self._forward(tree, nodes)
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            top_lp, top_tok = torch.topk(logprobs, shape.topk, dim=-1)
+            for row, node in enumerate(nodes):
+                drawn = -1
+                if not params.greedy:
+                    drawn = sample_at(logits[row], params, seed, self._committed + int(tree.depth(node)) + 1)
+                    heapq.heappush(candidates, (-priority[node], node, drawn, float(logprobs[row, drawn])))
                 for lp, tok in zip(top_lp[row].tolist(), top_tok[row].tolist()):
-                    heapq.heappush(candidates, (-(base + lp), lo + row, tok, lp))
+                    if tok != drawn:
+                        heapq.heappush(candidates, (-(priority[node] + lp), node, tok, lp))
             room = min(shape.width, shape.budget - (len(tree) - 1))
             for _ in range(min(room, len(candidates))):
-                _, parent, tok, lp = heapq.heappop(candidates)
+                key, parent, tok, lp = heapq.heappop(candidates)
                 tree.add(parent, tok, lp)
+                priority.append(-key)
             lo = hi
             if len(tree) - 1 >= shape.budget or lo == len(tree):
                 break

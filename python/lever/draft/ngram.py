@@ -40,7 +40,10 @@ class NgramDrafter:
                 return found
         return []
 
-    def draft_tree(self, root: int, shape: TreeShape) -> TokenTree:
+    def draft_tree(self, root: int, shape: TreeShape, params: SamplingParams = SamplingParams(),
+                   seed: int | None = None) -> TokenTree:
+        """The continuations of earlier occurrences of the newest n-gram, merged
+        into a tree (`params` and `seed` are not needed: nothing is sampled)."""
         tree = TokenTree(root)
         for cont in self._continuations(shape.depth, min(self.branches, shape.topk)):
             node = 0
