@@ -54,7 +54,7 @@ class SyntheticDraft:
     def start_tree(self):
         pass
 
-    def expand(self, pool, nodes, topk):
+    def expand(self, pool, nodes, topk, params=None, seed=None):
         p = np.stack([self.next() for _ in nodes])
         return np.tile(self.tokens, (len(nodes), 1)), np.log(np.maximum(p, 1e-9)).astype(np.float32)
 

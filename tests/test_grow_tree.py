@@ -293,7 +293,7 @@ class TableDrafter:
     def start_tree(self):
         self.map = {0: 0}
 
-    def expand(self, pool, nodes, topk):
+    def expand(self, pool, nodes, topk, params=None, seed=None):
         toks, lps = [], []
         for node in nodes:
             kids = self.u.children[self.map[node]][:topk]

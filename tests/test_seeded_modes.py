@@ -152,26 +152,31 @@ def test_a_cache_grown_inside_a_forward_stays_usable(pair):
 
 
 class UncoupledDrafter(ModelDrafter):
-    """Drafts trees by draft probability alone, ignoring the target's noise."""
+    """Drafts by draft probability alone, ignoring the target's noise."""
 
     def draft_tree(self, root, shape, params=SamplingParams(), seed=None):
         return super().draft_tree(root, shape)
 
+    def expand(self, tree, nodes, topk, params=SamplingParams(), seed=None):
+        return super().expand(tree, nodes, topk)
 
-def test_drafts_coupled_to_the_targets_noise_are_accepted_more(pair):
-    """Under sampling the static tree offers the draft's own position-keyed
-    draw first: more draft tokens are accepted than with the top-k children
-    alone, and the text is the same."""
+
+@pytest.mark.parametrize("mode", ["tree", "lever"])
+def test_drafts_coupled_to_the_targets_noise_are_accepted_more(pair, mode):
+    """Under sampling a drafted node's first child is the draft's own
+    position-keyed draw: more draft tokens are accepted than with the
+    draft's top-k children alone, and the text is the same."""
     target, draft = pair
-    spec = SpecConfig("tree", tree=TreeShape(budget=6, topk=2, depth=3))
     accepted = {"coupled": 0, "uncoupled": 0}
     for i, prompt in enumerate(random_prompts(target.config.vocab_size, 30, seed=8)):
         params = SamplingParams(temperature=1.0, seed=3000 + i)
         texts = []
         for name, drafter in (("coupled", ModelDrafter(draft)), ("uncoupled", UncoupledDrafter(draft))):
+            spec = (SpecConfig("tree", tree=TreeShape(budget=6, topk=2, depth=3)) if mode == "tree"
+                    else lever_spec(max_nodes=6, max_depth=3, topk=2))
             result, stats = speculative_generate(target, drafter, prompt, 12, params, spec)
             accepted[name] += stats.accepted
             texts.append(result.token_ids)
         assert texts[0] == texts[1], f"prompt {i}: coupling changed the text"
-    print(f"draft tokens accepted over 30 prompts: {accepted}")
+    print(f"{mode}: draft tokens accepted over 30 prompts: {accepted}")
     assert accepted["coupled"] > 1.2 * accepted["uncoupled"], accepted

@@ -144,7 +144,7 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
             t0 = time.perf_counter()
             draft_probs, grown = None, None
             if spec.mode == "lever":
-                grown = spec.policy.draft(drafter, root)
+                grown = spec.policy.draft(drafter, root, params, seed)
                 tree = grown.tree
             elif spec.mode == "tree":
                 tree = drafter.draft_tree(root, spec.tree, params, seed)

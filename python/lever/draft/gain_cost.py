@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import _native
 from ..errors import LeverError
+from ..sampling import SamplingParams
 from ..tree import TokenTree
 from .calibration import AcceptanceCalibration
 
@@ -105,10 +106,12 @@ class GainCostPolicy:
         return _native.TreeGrower(self._verify_s * self.verify_factor, self._draft_s * self.draft_factor,
                                   self._overhead_s, self.max_nodes, self.max_depth)
 
-    def draft(self, drafter, root: int) -> LeverDraft:
+    def draft(self, drafter, root: int, params: SamplingParams = SamplingParams(),
+              seed: int | None = None) -> LeverDraft:
         """Grow a tree under `root` with `drafter` (a ModelDrafter: start_tree /
         expand / use_tree, and `pending`, the committed tokens its next forward
-        must catch up on)."""
+        must catch up on).  params, seed: the sequence's sampling, so that the
+        draft's rank-0 child is its own position-keyed draw."""
         if not hasattr(drafter, "expand"):
             raise LeverError("mode lever needs a draft model (prompt lookup has no probabilities to calibrate)")
         if getattr(self.cost, "revision", None) != self._cost_revision:
@@ -126,7 +129,7 @@ class GainCostPolicy:
                 break
             pool = grower.pool
             t0 = time.perf_counter()
-            top_tok, top_lp = drafter.expand(pool, nodes, self.topk)
+            top_tok, top_lp = drafter.expand(pool, nodes, self.topk, params, seed)
             forward_s += time.perf_counter() - t0
             depths = pool.depths()[nodes] + 1
             accept = self.calibration.predict(np.exp(top_lp.astype(np.float64)), depths[:, None], ranks[None, :])

@@ -92,11 +92,22 @@ class ModelDrafter:
                             self.cache)
         return logits[p:]
 
-    def expand(self, tree: TokenTree, nodes: list[int], topk: int) -> tuple[np.ndarray, np.ndarray]:
-        """One draft forward over `nodes`: their top-`topk` next tokens
-        (int32 [len(nodes), topk]) and draft log-probs (float32, same shape), best first."""
-        logprobs = torch.log_softmax(self._forward(tree, nodes).float(), dim=-1)
+    def expand(self, tree: TokenTree, nodes: list[int], topk: int, params: SamplingParams = SamplingParams(),
+               seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """One draft forward over `nodes`: `topk` next tokens each (int32
+        [len(nodes), topk]) with their draft log-probs (float32, same shape).
+        Rank 0 is the draft's own choice: its argmax when greedy, else its
+        position-keyed draw (`sample_at` with the target's `seed`, the token
+        the target draws if the two agree); then the draft's top tokens."""
+        logits = self._forward(tree, nodes)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
         top_lp, top_tok = torch.topk(logprobs, topk, dim=-1)
+        if not params.greedy:
+            for row, node in enumerate(nodes):
+                drawn = sample_at(logits[row], params, seed, self._committed + int(tree.depth(node)) + 1)
+                order = [drawn] + [t for t in top_tok[row].tolist() if t != drawn][:topk - 1]
+                top_tok[row] = torch.tensor(order)
+                top_lp[row] = logprobs[row, order]
         return top_tok.numpy().astype(np.int32), top_lp.numpy().astype(np.float32)
 
     def use_tree(self, tree: TokenTree, drafted_index: np.ndarray) -> None:
@@ -110,13 +121,13 @@ class ModelDrafter:
                    seed: int | None = None) -> TokenTree:
         """Best-first growth in `shape.depth` draft steps of `shape.width` nodes each.
 
-        Every forwarded node offers its top-k tokens as candidates; each step
-        adds the best remaining candidates by priority, then runs them through
-        the draft as one batch.  A candidate's priority is its draft path
-        log-probability, except under sampling: there each forwarded node
-        also offers the draft's own position-keyed draw (`sample_at` with the
-        target's `seed`), at its parent's priority -- the path the target is
-        most likely to draw itself comes first.
+        Every forwarded node offers `shape.topk` tokens (`expand`) as
+        candidates; each step adds the best remaining candidates by priority,
+        then runs them through the draft as one batch.  A candidate's priority
+        is its draft path log-probability, except under sampling for the
+        draft's own position-keyed draw (rank 0 of `expand`), which takes its
+        parent's priority: the path the target is most likely to draw itself
+        comes first.
         """
         self.start_tree()
         tree = TokenTree(root)
@@ -126,17 +137,11 @@ class ModelDrafter:
         for _ in range(shape.depth):
             hi = len(tree)
             nodes = list(range(lo, hi))
-            logits = self._forward(tree, nodes)
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            top_lp, top_tok = torch.topk(logprobs, shape.topk, dim=-1)
+            top_tok, top_lp = self.expand(tree, nodes, shape.topk, params, seed)
             for row, node in enumerate(nodes):
-                drawn = -1
-                if not params.greedy:
-                    drawn = sample_at(logits[row], params, seed, self._committed + int(tree.depth(node)) + 1)
-                    heapq.heappush(candidates, (-priority[node], node, drawn, float(logprobs[row, drawn])))
-                for lp, tok in zip(top_lp[row].tolist(), top_tok[row].tolist()):
-                    if tok != drawn:
-                        heapq.heappush(candidates, (-(priority[node] + lp), node, tok, lp))
+                for rank, (lp, tok) in enumerate(zip(top_lp[row].tolist(), top_tok[row].tolist())):
+                    coupled = rank == 0 and not params.greedy        # the draft's own draw
+                    heapq.heappush(candidates, (-(priority[node] + (0.0 if coupled else lp)), node, tok, lp))
             room = min(shape.width, shape.budget - (len(tree) - 1))
             for _ in range(min(room, len(candidates))):
                 key, parent, tok, lp = heapq.heappop(candidates)
