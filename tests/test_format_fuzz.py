@@ -100,6 +100,16 @@ def tiny_store(tmp_path_factory):
     return convert(str(g), d / "store", progress=False)
 
 
+def outcome_of(load, expected) -> str:
+    """Run `load` (which returns logits) once: "error" for one clear LeverError,
+    else "same" or "different" against `expected`; any other exception
+    propagates to the caller, which records it as a failure."""
+    got = []
+    if lever_error_of(lambda: got.append(load())) is not None:
+        return "error"
+    return "same" if bool((got[0] == expected).all()) else "different"
+
+
 @pytest.mark.parametrize("reseal", [False, True], ids=["as-mutated", "resealed"])
 def test_manifest_mutations(tiny_store, tmp_path, reseal):
     store = tmp_path / "store"
@@ -119,21 +129,13 @@ def test_manifest_mutations(tiny_store, tmp_path, reseal):
                 pass
         (store / MANIFEST).write_text(text)
         try:
-            out = None
-            err = lever_error_of(lambda: store_logits(store))
-            if err is None:
-                out = store_logits(store)
+            outcome = outcome_of(lambda: store_logits(store), expected)
         except Exception as e:         # noqa: BLE001 -- the point: nothing but LeverError
             failures.append(f"mutation {i}: {type(e).__name__}: {e}")
             continue
-        if out is None:
-            outcomes["error"] += 1
-        elif bool((out == expected).all()):
-            outcomes["same"] += 1
-        else:
-            outcomes["different"] += 1
-        if not reseal and out is not None and _canonical(text) != _canonical(original):
-            failures.append(f"mutation {i}: an edited manifest loaded ({'same' if (out == expected).all() else 'different'} output)")
+        outcomes[outcome] += 1
+        if not reseal and outcome != "error" and _canonical(text) != _canonical(original):
+            failures.append(f"mutation {i}: an edited manifest loaded ({outcome} output)")
     elapsed = time.monotonic() - t0
     print(f"manifest fuzz ({'resealed' if reseal else 'as mutated'}): {outcomes}, {elapsed:.1f} s")
     assert not failures, "\n".join(failures)
@@ -174,21 +176,13 @@ def test_gguf_header_mutations(tmp_path):
         label = mutate_gguf(rng, data, fields, header_end)
         bad.write_bytes(bytes(data))
         try:
-            out = None
-            err = lever_error_of(lambda: gguf_logits(bad))
-            if err is None:
-                out = gguf_logits(bad)
+            outcome = outcome_of(lambda: gguf_logits(bad), expected)
         except Exception as e:         # noqa: BLE001
             failures.append(f"mutation {i} ({label or 'string bytes'}): {type(e).__name__}: {e}")
             continue
-        if out is None:
-            outcomes["error"] += 1
-        elif bool((out == expected).all()):
-            outcomes["same"] += 1
-        else:
-            outcomes["different"] += 1
-            if label not in FLOAT_HYPERPARAMETERS:
-                failures.append(f"mutation {i} ({label or 'string bytes'}): loaded with different logits")
+        outcomes[outcome] += 1
+        if outcome == "different" and label not in FLOAT_HYPERPARAMETERS:
+            failures.append(f"mutation {i} ({label or 'string bytes'}): loaded with different logits")
     elapsed = time.monotonic() - t0
     print(f"GGUF header fuzz: {outcomes}, {elapsed:.1f} s")
     assert not failures, "\n".join(failures)
