@@ -225,7 +225,7 @@ def test_deep_prefetch_io_bound_is_the_sum_of_reads():
 
 
 def test_uniform_layers_two_slots_match_the_design_formula():
-    """DESIGN.md: Σ max(IO, C) for uniform layers and a two-slot ring."""
+    """The design formula (README): Σ max(IO, C) for uniform layers and a two-slot ring."""
     for io, c in ((1.0, 0.5), (0.5, 1.0)):
         assert one_pass([(io, c)] * 4, 2) == pytest.approx(4 * max(io, c), rel=1e-12)
 

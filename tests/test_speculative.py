@@ -1,4 +1,4 @@
-"""Speculative decoding is exact (DESIGN.md section 5).
+"""Speculative decoding is exact (README, "Design": exact verification).
 
 1. Greedy: every mode (ar, chain, tree) emits exactly the tokens of
    target-only greedy decoding -- on real SmolLM2-135M (prompt-lookup drafts

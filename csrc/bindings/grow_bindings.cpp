@@ -64,7 +64,7 @@ py::tuple select_tree(const TreeGrower& g) {
 }  // namespace
 
 void bind_grower(py::module_& m) {
-  py::class_<TreeGrower>(m, "TreeGrower", R"doc(Gain-cost growth of a draft tree (DESIGN.md section 4).
+  py::class_<TreeGrower>(m, "TreeGrower", R"doc(Gain-cost growth of a draft tree (README, "Design").
 
 TreeGrower(verify_s, draft_s, overhead_s, max_nodes, max_depth): verify_s[n-1]
 is the predicted seconds of a target pass over n tree tokens (root included),

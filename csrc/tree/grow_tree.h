@@ -1,4 +1,4 @@
-// TreeGrower: gain-cost growth of a draft token tree (DESIGN.md section 4).
+// TreeGrower: gain-cost growth of a draft token tree (README, "Design").
 //
 // One iteration of speculative decoding spends
 //     T(n) = draft seconds spent + verify_s(n) + overhead_s

@@ -1,6 +1,6 @@
 // TokenTree: the draft token tree that one target pass verifies.
 //
-// Conventions (shared with python/lever/tree.py and DESIGN.md sections 4-5):
+// Conventions (shared with python/lever/tree.py; README, "Design"):
 //
 // - Nodes are numbered 0..size()-1 and a verification batch is the nodes in
 //   index order.

@@ -1,4 +1,4 @@
-"""The cost model of speculative decoding on this device (DESIGN.md section 4).
+"""The cost model of speculative decoding on this device (README, "Design").
 
 `lever.cost.profile` measures a target / draft pair on the device (`lever
 profile`) and caches the result per (model, store, backend, machine);

@@ -1,5 +1,5 @@
 """Predicted seconds of one target pass, one draft forward and one iteration's
-host work, from a measured `DeviceProfile` (DESIGN.md section 4).
+host work, from a measured `DeviceProfile` (README, "Design").
 
 Compute per stage is interpolated over the profile's grid: measurements are
 first made non-decreasing in n (a running maximum: more tokens never cost
@@ -19,7 +19,7 @@ are simulated back to back and the last one's duration (the steady state)
 is the prediction, plus the embedding lookup.
 
 Limits of the ring: with one slot every read waits for the stage before it,
-so a pass costs Σ(IO + C); with no streamed stage it costs Σ C.  DESIGN.md's
+so a pass costs Σ(IO + C); with no streamed stage it costs Σ C.  The design's
 Σ max(IO_ℓ, C_ℓ) is the case where each read overlaps exactly the compute
 of the stage before it (uniform layers, two slots); a deeper ring lets a
 read borrow slack from several stages and tends to max(Σ IO, Σ C) -- pure

@@ -1,4 +1,4 @@
-"""The gain-cost drafting policy (`--mode lever`, DESIGN.md section 4).
+"""The gain-cost drafting policy (`--mode lever`; README, "Design").
 
 Each iteration the native `TreeGrower` (csrc/tree/grow_tree.h) sizes the
 tree by expected accepted tokens per second: it picks which nodes the draft

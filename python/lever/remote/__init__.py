@@ -1,4 +1,4 @@
-"""Edge-cloud mode (DESIGN.md section 8): a verifier server hosting the target
+"""Edge-cloud mode (README, "Design"): a verifier server hosting the target
 (`lever serve-verifier`, server.py), the token-only protocol (protocol.py),
 the edge client (client.py, edge.py), the cost of a remote round for the
 gain-cost policy (cost.py), and a loopback delay/loss proxy (netem.py)."""
