@@ -80,6 +80,18 @@ def test_bench_in_memory_target(smollm2_path, tmp_path, capsys):
     assert [p["category"] for p in data["prompts"]] == ["code", "math"]
 
 
+def test_bench_sampled_modes_equal_ar(smollm2_path, tmp_path, capsys):
+    """Sampling is keyed by position: with one seed every mode's sampled text is
+    ar's, and the bench checks it token for token as it does greedy output."""
+    out = tmp_path / "res"
+    rc = main(["bench", "--target", str(smollm2_path), "--draft", "smollm2-135m", "--quick", "--prompts", "2",
+               "--new-tokens", "8", "--temperature", "0.9", "--seed", "11", "--resident", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0
+    data = check_outputs(out, capsys, ["ar", "chain:4", "tree:16", "lever"], 2, 8, streamed=False)
+    assert data["config"]["temperature"] == 0.9
+
+
 def test_bench_streamed_target(smol_store, tmp_path, capsys):
     out = tmp_path / "res"
     budget = minimum_budget(smol_store)

@@ -320,21 +320,22 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
         bar.close()
     bench_s = time.perf_counter() - t_bench
 
-    # -- token-for-token check against ar (greedy only), with a near-tie diagnosis
+    # -- token-for-token check against ar, with a near-tie diagnosis (sampling is
+    # keyed by position, so sampled runs of one seed must equal ar's too)
     ar_tokens = {p["id"]: r.token_ids for p, _, r, _ in raw["ar"]}
     checks: dict[str, list[dict]] = {}
     for label, model, _ in runs:
-        if label == "ar" or not greedy:
+        if label == "ar":
             continue
         checks[label] = []
         for (p, prompt_ids, r, _), row in zip(raw[label], [x for x in rows if x["mode"] == label]):
             ref = ar_tokens[p["id"]]
             row["matches_ar"] = r.token_ids == ref
             if r.token_ids != ref:
-                row["divergence"] = divergence(target, prompt_ids, ref, r.token_ids)
+                row["divergence"] = divergence(target, prompt_ids, ref, r.token_ids, params)
                 checks[label].append(row["divergence"])
 
-    aggregates = {label: aggregate(label, raw[label], checks.get(label), greedy, label == "ar") for label, _, _ in runs}
+    aggregates = {label: aggregate(label, raw[label], checks.get(label), label == "ar") for label, _, _ in runs}
     ar_tps = aggregates["ar"]["tokens_per_s"]
     for a in aggregates.values():
         a["ratio_vs_ar"] = round(a["tokens_per_s"] / ar_tps, 4) if ar_tps else None
@@ -363,7 +364,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     for pol in policies:
         save_calibration(pol)
     if not greedy:
-        print("# temperature > 0: outputs are samples; no token check against ar")
+        print(f"# temperature {params.temperature:g}, seed {params.seed}: position-keyed draws, so every mode's "
+              f"text is checked against ar's", flush=True)
     bugs = [label for label, divs in checks.items() for d in divs if not d.get("near_tie")]
     if bugs:
         print(f"# WARNING: {len(bugs)} run(s) differ from ar without a near-tie ({', '.join(sorted(set(bugs)))}): "
@@ -408,7 +410,7 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
 
 # -- aggregation -----------------------------------------------------------------
 
-def aggregate(label: str, runs: list, divergences: list[dict] | None, greedy: bool, is_ar: bool) -> dict:
+def aggregate(label: str, runs: list, divergences: list[dict] | None, is_ar: bool) -> dict:
     """Totals over all prompts of one mode (tokens/s = total tokens / total decode time)."""
     def totals(sel: list) -> dict:
         gen = sum(len(r.token_ids) for _, _, r, _ in sel)
@@ -438,21 +440,23 @@ def aggregate(label: str, runs: list, divergences: list[dict] | None, greedy: bo
         "per_category": {c: totals([x for x in runs if x[0]["category"] == c])
                          for c in dict.fromkeys(x[0]["category"] for x in runs)},
     }
-    if is_ar or not greedy:
-        out["mismatches"] = None if not greedy else 0
-        out["mismatches_near_tie"] = None if not greedy else 0
+    if is_ar:
+        out["mismatches"] = out["mismatches_near_tie"] = 0
     else:
         out["mismatches"] = len(divergences or [])
         out["mismatches_near_tie"] = sum(1 for d in divergences or [] if d.get("near_tie"))
     return out
 
 
-def divergence(model, prompt_ids: list[int], ref: list[int], got: list[int]) -> dict:
-    """Where `got` first differs from ar's `ref`, and whether the target's logits there
-    are a near-tie between the two tokens (both within ~2 bf16 ulps of the top logit)."""
+def divergence(model, prompt_ids: list[int], ref: list[int], got: list[int], params) -> dict:
+    """Where `got` first differs from ar's `ref`, and whether the two tokens
+    were a near-tie there: greedy, both logits within ~2 bf16 ulps of the top
+    logit; sampled, their Gumbel-max scores (processed logits + the
+    position's noise) within the same margin scaled by 1/temperature."""
     import torch
 
     from ..autoregressive import prefill
+    from ..sampling import position_noise, processed_logits
 
     i = next((j for j, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
     out = {"index": i, "ar_token": ref[i] if i < len(ref) else None, "token": got[i] if i < len(got) else None}
@@ -462,9 +466,13 @@ def divergence(model, prompt_ids: list[int], ref: list[int], got: list[int]) -> 
     with torch.inference_mode():
         cache = model.new_cache(capacity=len(prompt_ids) + i + 1)
         logits = prefill(model, list(prompt_ids) + ref[:i], cache).float()
+    tol = 2.0 ** -6 * max(1.0, abs(logits.max().item()))
+    if not params.greedy:
+        tol /= params.temperature
+        logits = processed_logits(logits, params).double() + position_noise(params.seed, len(prompt_ids) + i,
+                                                                          logits.shape[-1])
     top = logits.max().item()
     a, b = logits[ref[i]].item(), logits[got[i]].item()
-    tol = 2.0 ** -6 * max(1.0, abs(top))
     out.update(ar_logit=a, logit=b, top_logit=top, tolerance=tol, near_tie=top - min(a, b) <= tol)
     return out
 
