@@ -155,6 +155,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--name", type=arg_types.file_stem, default="bench",
                    help="file name stem of the outputs (default bench)")
     add_cache_dir(p)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="generate exactly --new-tokens tokens per prompt (do not stop at end-of-sequence)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(run=run)
 
@@ -239,7 +241,7 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
                                     quantized=args.kernels == "native")
     drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                             quantized=args.kernels == "native") if needs_draft else None)
-    stop_ids = loaded.tokenizer.eos_token_ids
+    stop_ids = frozenset() if args.ignore_eos else loaded.tokenizer.eos_token_ids
     policies = []
     for i, m in enumerate(modes):
         if m.lever_nodes:
@@ -378,7 +380,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
                    "draft": args.draft if needs_draft else None, "dram_budget_bytes": budget,
                    "modes": [m.label for m in modes], "ar_added": ar_added, "resident": args.resident,
                    "prompt_set": args.prompt_set, "categories": args.categories, "prompts": len(prompts),
-                   "new_tokens": new_tokens, "temperature": args.temperature, "seed": args.seed,
+                   "new_tokens": new_tokens, "ignore_eos": args.ignore_eos,
+                   "temperature": args.temperature, "seed": args.seed,
                    "dtype": args.dtype, "reader": args.reader, "prefetch_depth": args.prefetch_depth,
                    "drop_caches": args.drop_caches, "page_cache": page_cache, "quick": args.quick,
                    "kernels": kernels,

@@ -11,9 +11,9 @@ Faults it absorbs:
 - an unknown session (the server restarted, or the session expired), a 500
   (the server closed the session) or another refusal of a round: a new
   session is opened from the committed tokens (the prompt plus everything
-  accepted so far) with the same seed, and the round is sent again; the
-  per-round seeds depend on positions, not on sessions, so the output is
-  what it would have been.
+  accepted so far) with the same seed, and the round is sent again; sampled
+  draws depend on (seed, position), not on sessions, so the output is what
+  it would have been.
 The client always ends: one call (an open, or a round with its rebuilds)
 retries for at most `retry_deadline_s` seconds from its first failure, each
 exchange bounded by what is left of it (the first by `timeout_s`), so a
@@ -39,10 +39,10 @@ import urllib.parse
 import numpy as np
 
 from ..errors import LeverError
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, resolve_seed
 from ..tree import TokenTree
 from ..verify.target_pass import Verdict
-from .protocol import MAX_SEED, VERSION
+from .protocol import VERSION
 from .tls import client_context
 
 RETRYABLE = {408, 429, 502, 503, 504}      # the server is busy or a proxy failed: the same request again
@@ -119,7 +119,7 @@ class RemoteVerifier:
         self.params, self.token = params, token
         self.timeout_s, self.retry_deadline_s = timeout_s, retry_deadline_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
-        self.seed = params.seed if params.seed is not None else random.SystemRandom().randint(0, MAX_SEED)
+        self.seed = resolve_seed(params)
         self._conn: http.client.HTTPConnection | None = None
         self.session: str | None = None
         self.round = 0

@@ -59,7 +59,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from ..sampling import MAX_SEED, SamplingParams
+from ..sampling import SamplingParams
 
 VERSION = 1
 MAX_ROUND = (1 << 63) - 1
@@ -195,8 +195,11 @@ def parse_open(body: dict, vocab_size: int, limits: Limits, max_context: int) ->
     except (TypeError, ValueError) as e:
         raise ProtocolError(422, "bad_sampling", str(e)[:200]) from None
     seed = body.get("seed")
-    if seed is not None and (type(seed) is not int or not 0 <= seed <= MAX_SEED):
-        raise ProtocolError(422, "bad_seed", f"seed must be an integer in 0..2**63-1, got {show(seed)}")
+    if seed is not None:
+        try:
+            SamplingParams(seed=seed)                 # the seed range is SamplingParams's
+        except ValueError:
+            raise ProtocolError(422, "bad_seed", f"seed must be an integer in 0..2**63-1, got {show(seed)}") from None
     open_id = body.get("open_id")
     if open_id is not None and (not isinstance(open_id, str) or not 0 < len(open_id) <= 64):
         raise ProtocolError(400, "malformed", "'open_id' must be a string of 1 to 64 characters")

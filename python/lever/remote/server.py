@@ -226,8 +226,7 @@ class VerifierServer:
             return await self._answer_open(request, known, created=False)
         if req.open_id is not None:
             self.open_ids[req.open_id] = session
-        session.prefill = asyncio.ensure_future(self._prefill(session))
-        session.prefill.add_done_callback(lambda task: task.cancelled() or task.exception())   # retrieved
+        session.prefill = background(self._prefill(session))
         return await self._answer_open(request, session, created=True)
 
     async def _prefill(self, session: VerifierSession) -> None:
@@ -236,13 +235,13 @@ class VerifierServer:
         freed, as soon as no client waits for it any more."""
         try:
             while True:
-                if not any(not self._gone(r) for r in session.waiters):
+                if self._nobody_waits(session):
                     raise asyncio.CancelledError
                 if await self._run(session, session.prefill_step, self.limits.prefill_chunk):
                     break
         except BaseException:
             self._forget(session)
-            if not any(not self._gone(r) for r in session.waiters):
+            if self._nobody_waits(session):
                 self.metrics.sessions_abandoned += 1
             raise
         finally:
@@ -281,6 +280,10 @@ class VerifierServer:
             self._forget(session)
             self.metrics.sessions_abandoned += 1
 
+    def _nobody_waits(self, session: VerifierSession) -> bool:
+        """True when every client waiting for `session`'s open has gone (or none waits)."""
+        return all(self._gone(r) for r in session.waiters)
+
     @staticmethod
     def _gone(request: web.Request) -> bool:
         """True if the client of `request` has closed its connection."""
@@ -298,9 +301,7 @@ class VerifierServer:
         req = parse_round(body, self.vocab_size, self.limits)
         # a task of its own: if the client goes away, the round still completes and is counted
         # (its retry is then answered from the stored answer)
-        job = asyncio.ensure_future(self._verify(session, req))
-        job.add_done_callback(lambda task: task.cancelled() or task.exception())   # retrieved
-        return self._reply(await asyncio.shield(job))
+        return self._reply(await asyncio.shield(background(self._verify(session, req))))
 
     async def _verify(self, session: VerifierSession, req) -> dict:
         session.busy += 1
@@ -374,6 +375,14 @@ class VerifierServer:
         if self._reaper is not None:
             self._reaper.cancel()
         self.compute.shutdown(wait=False, cancel_futures=True)
+
+
+def background(coro) -> asyncio.Future:
+    """Run `coro` as a task of its own (it completes even if the request that
+    started it is cancelled); its exception is retrieved, never logged as lost."""
+    task = asyncio.ensure_future(coro)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return task
 
 
 class GuardedSite(web.TCPSite):
