@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import ModelFormatError
+from ..files import open_regular
 from .gguf_checks import check_alignment, check_counts, check_tensor_ranges
 
 GGUF_MAGIC = b"GGUF"
@@ -256,17 +256,3 @@ def gguf_expected_size(path: str | os.PathLike) -> int:
         obj._parse(_HeaderReader(f, p, obj.file_size))
     return obj.expected_size
 
-
-def open_regular(path: Path) -> BinaryIO:
-    """`path` opened for reading in binary mode; ModelFormatError unless it is a
-    regular file. Opened non-blocking, so a FIFO in its place never hangs."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ModelFormatError(f"{path}: no such file") from None
-    except OSError as e:
-        raise ModelFormatError(f"{path}: cannot open ({e.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ModelFormatError(f"{path}: not a regular file")
-    return os.fdopen(fd, "rb")

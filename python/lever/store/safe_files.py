@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 
 from ..errors import StoreError
+from ..files import file_kind, open_regular
 
 
 def store_file(directory: Path, name: str) -> Path:
@@ -37,32 +38,18 @@ def store_file(directory: Path, name: str) -> Path:
         except OSError as e:
             raise StoreError(f"{path}: broken symbolic link ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise StoreError(f"{path}: not a regular file ({_kind(st.st_mode)})")
+        raise StoreError(f"{path}: not a regular file ({file_kind(st.st_mode)})")
     return path
 
 
 def read_store_file(path: Path, max_bytes: int) -> bytes:
     """The whole content of regular file `path` (at most `max_bytes` bytes),
     opened non-blocking; StoreError if it is not a regular file or too large."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise StoreError(f"{path}: cannot open ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{path}: not a regular file ({_kind(st.st_mode)})")
-        if st.st_size > max_bytes:
-            raise StoreError(f"{path}: {st.st_size:,} bytes is more than the {max_bytes:,} such a file can hold")
+    with open_regular(path, StoreError) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise StoreError(f"{path}: {size:,} bytes is more than the {max_bytes:,} such a file can hold")
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise StoreError(f"{path}: more than the {max_bytes:,} bytes such a file can hold")
     return data
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a plain file"
