@@ -88,6 +88,29 @@ def test_any_bytes_in_the_token_are_a_4xx(hardened, token):
     assert not [line for line in lines if "internal error" in line]
 
 
+def test_the_audits_token_with_a_non_ascii_byte_gets_a_401_saying_why(hardened):
+    running, _, _ = hardened
+    answer = raw_exchange(running.port, request_bytes("GET", "/v1/info",
+                                                      headers={"Authorization": b"Bearer " + TOKEN.encode() + b"\xff"}))
+    assert status_of(answer) == 401
+    assert b'"code":"unauthorized"' in answer and b"printable ASCII" in answer
+
+
+@pytest.mark.parametrize("field,number,text", [
+    ("top_p", "1e400", "top_p must be finite, got inf"),
+    ("temperature", "1e-300", "temperature must be 0 (greedy) or between 0.001 and 100, got 1e-300"),
+    ("top_p", "1e-50", "top_p must be between 1e-06 and 1, got 1e-50"),      # rounds to 0 in float32
+])
+def test_the_audits_sampling_settings_get_a_422_naming_the_field(hardened, field, number, text):
+    """The audit's 500s (an OverflowError at open; inf/nan at the first round):
+    now refused at open, with the field and the accepted range."""
+    _, raw, _ = hardened
+    body = ('{"v": 1, "prompt": [1, 2], "sampling": {"%s": %s}}' % (field, number)).encode()
+    status, answer, _ = raw("POST", "/v1/sessions", raw=body)
+    assert status == 422 and answer["error"]["code"] == "bad_sampling"
+    assert text in answer["error"]["message"], answer
+
+
 NUMBERS = ["1e400", "-1e400", "1e-400", "1" + "0" * 400, "NaN", "Infinity", "-Infinity", "1e-300", "1e-30", "-0.0",
            "true", "\"0.5\"", "[]", "{}", "null"]
 
