@@ -11,8 +11,9 @@ through a loopback proxy (lever.remote.netem.LinkProxy) that adds the given
 round-trip time (milliseconds) and drops messages with probability --loss, so
 the link behaves like a network between an edge device and a cloud server.
 
-For each RTT (outer loop) and each prompt, every mode generates greedily,
-modes interleaved per prompt so that machine noise hits all of them alike:
+For each RTT (outer loop) and each prompt, every mode generates (greedily,
+or sampled with --temperature and --sampling-seed), modes interleaved per
+prompt so that machine noise hits all of them alike:
 
   ar        target-only remote decoding: one target call per token
   chain:K   K drafted tokens per call
@@ -22,7 +23,8 @@ modes interleaved per prompt so that machine noise hits all of them alike:
             the tree at N draft nodes)
 
 Exactness: for every prompt, every mode's tokens must equal mode ar's at the
-same RTT (greedy remote decoding of the target); mismatches are counted,
+same RTT (target-only remote decoding; sampling is keyed by position, so
+this holds for sampled runs of one seed too); mismatches are counted,
 printed loudly and recorded, but the run goes on.
 
 Per (RTT, mode), over all prompts: new tokens, target calls, calls per token,
@@ -171,11 +173,12 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def measure(remote, prompt: dict, new_tokens: int) -> dict:
-    """One greedy generation; its raw numbers (seconds, milliseconds, bytes)."""
+def measure(remote, prompt: dict, new_tokens: int, sampling: dict) -> dict:
+    """One generation (greedy, or sampled with `sampling`: temperature and
+    seed); its raw numbers (seconds, milliseconds, bytes)."""
     from lever.errors import LeverError
     try:
-        c = remote.generate(prompt["text"], max_new_tokens=new_tokens)
+        c = remote.generate(prompt["text"], max_new_tokens=new_tokens, **sampling)
     except LeverError as e:
         return {"error": f"{type(e).__name__}: {e}", "remote": getattr(e, "remote", None), "token_ids": None}
     r, spec = c.remote, c.spec
@@ -332,13 +335,26 @@ def plot(result: dict, path: Path) -> None:
     axes[0].legend(fontsize=8)
     loss = f", loss {s['loss']:g}" if s.get("loss") else ""
     fig.suptitle(f"edge-cloud: target {s['target']} (server), draft {s['draft']} (edge); "
-                 f"{s['prompts']} prompts x {s['new_tokens']} tokens, greedy{loss}", fontsize=10)
+                 f"{s['prompts']} prompts x {s['new_tokens']} tokens, {sampling_words(s.get('sampling'))}{loss}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 # -- the run -------------------------------------------------------------------------------
+
+def sampling_words(sampling) -> str:
+    """'greedy', or 'temperature T, seed S'."""
+    if not isinstance(sampling, dict) or not sampling:
+        return "greedy"
+    return f"temperature {sampling['temperature']:g}, seed {sampling['seed']}"
+
+
+def sampling_of(args) -> dict:
+    """The sampling keyword arguments of every generation ({} when greedy)."""
+    return {"temperature": args.temperature, "seed": args.sampling_seed} if args.temperature > 0 else {}
+
 
 def run_rtt(rtt_ms: float, args, server_port: int, draft, modes: dict[str, dict], prompts: list[dict],
             rows: list[dict], ar_reference: dict) -> tuple[dict, dict, dict]:
@@ -359,7 +375,8 @@ def run_rtt(rtt_ms: float, args, server_port: int, draft, modes: dict[str, dict]
             ref = None
             for mode, remote in remotes.items():
                 row = {"rtt_ms": rtt_ms, "mode": mode, "prompt": prompt["id"],
-                       "category": prompt.get("category"), **measure(remote, prompt, args.new_tokens)}
+                       "category": prompt.get("category"),
+                       **measure(remote, prompt, args.new_tokens, sampling_of(args))}
                 ids = row["token_ids"]
                 if mode == "ar":
                     ref = ids
@@ -397,6 +414,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the proxy's loss draws (default 0)")
     ap.add_argument("--modes", nargs="+", default=DEFAULT_MODES,
                     help="ar | chain:K | tree:N[:TOPK:DEPTH] | lever[:N] (ar is always run: the reference)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0 = greedy (default); else every mode samples with --sampling-seed, and since sampling "
+                         "is keyed by position its text must still equal ar's")
+    ap.add_argument("--sampling-seed", type=int, default=5, help="the sampling seed of every run (default 5)")
     ap.add_argument("--out", default=None, help="output folder (default bench/results; with --replot: the JSON's)")
     ap.add_argument("--replot", default=None, metavar="JSON", help="only redraw the PNG from a saved bench_remote.json")
     args = ap.parse_args()
@@ -428,7 +449,7 @@ def main() -> int:
                            "rtts_ms": rtts, "loss": args.loss, "loss_seed": args.seed, "modes": list(modes),
                            "mode_args": {m: {k: (asdict(v) if is_dataclass(v) else v) for k, v in kw.items()}
                                          for m, kw in modes.items()},
-                           "sampling": "greedy", "chat": True, "warmup_tokens": WARMUP_TOKENS,
+                           "sampling": sampling_of(args) or "greedy", "chat": True, "warmup_tokens": WARMUP_TOKENS,
                            "server_max_tree_nodes": SERVER_MAX_TREE_NODES},
               "machine": machine_info(), "aggregates": {}, "links": {}, "headlines": [], "per_prompt": []}
     json_path = out / "bench_remote.json"
@@ -463,7 +484,7 @@ def main() -> int:
     json_path.write_text(json.dumps(result, indent=1))
     plot(result, out / "bench_remote.png")
     print(f"\n# edge-cloud: target {args.target}, draft {args.draft}; {len(prompts)} prompts x {args.new_tokens} "
-          f"tokens, greedy, loss {args.loss:g}; {result['elapsed_s']:.0f} s")
+          f"tokens, {sampling_words(sampling_of(args))}, loss {args.loss:g}; {result['elapsed_s']:.0f} s")
     for line in result["headlines"]:
         print(line)
     if mismatches:
