@@ -28,35 +28,20 @@ import torch
 
 from lever.api import cache_root, store_tokenizer
 from lever.autoregressive import generate_tokens
+from lever.store.bandwidth import sequential_read
 from lever.store.convert import convert
-from lever.store.flash_reader import FlashReader, drop_page_cache
-from lever.store.manifest import WEIGHTS, StoreManifest
+from lever.store.flash_reader import drop_page_cache
+from lever.store.manifest import StoreManifest
 from lever.store.residency import parse_size
 from lever.store.streamed import StreamedDecoder, load_store_model
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 
 
-def raw_bandwidth(store: Path, backend: str, extent_bytes: int = 32 << 20, slots: int = 4) -> tuple[float, dict]:
+def raw_bandwidth(store: Path, backend: str) -> tuple[float, dict]:
     """Sequential O_DIRECT read of the whole weights.bin (GiB/s, reader stats)."""
-    path = store / WEIGHTS
-    size = path.stat().st_size // 4096 * 4096
-    reader = FlashReader(path, slot_bytes=extent_bytes, n_slots=slots, backend=backend)
-    t0 = time.perf_counter()
-    offsets = list(range(0, size, extent_bytes))
-    pending = []
-    for i, off in enumerate(offsets):
-        slot = i % slots
-        if len(pending) == slots:
-            reader.wait(pending.pop(0))
-        reader.submit(slot, off, min(extent_bytes, size - off), None, f"sweep@{off}")
-        pending.append(slot)
-    for slot in pending:
-        reader.wait(slot)
-    elapsed = time.perf_counter() - t0
-    stats = reader.stats()
-    reader.close()
-    return size / elapsed / 2**30, stats
+    bytes_per_s, stats = sequential_read(store, backend)
+    return bytes_per_s / 2**30, stats
 
 
 def per_token_decode(model, ids: list[int], n: int) -> tuple[float, list[int]]:

@@ -109,6 +109,9 @@ def test_bench_streamed_target(smol_store, tmp_path, capsys):
     ar = data["modes"]["ar"]
     per_pass = data["target"]["residency"]["streamed_bytes_per_pass"]
     assert 0 < per_pass <= ar["bytes_read_per_token"] < per_pass * 1.1
+    # the I/O lower bound: bytes per token at the store's measured raw read rate
+    raw = data["config"]["raw_read_bytes_per_s"]
+    assert raw > 0 and ar["io_bound_tokens_per_s"] == pytest.approx(raw / ar["bytes_read_per_token"], rel=1e-3)
     assert data["modes"]["tree:8:2:4"]["spec"]["tree"] == {"budget": 8, "topk": 2, "depth": 4}
 
 

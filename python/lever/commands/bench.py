@@ -263,7 +263,10 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     if resident is not None:
         speculative_generate(resident, None, ids[0], 2, params, SpecConfig("ar"), stop_ids=stop_ids)
     page_cache = drop_page_cache() if args.drop_caches else "not dropped"
+    raw_read_bps = None                   # the I/O lower bound's denominator (bytes/s)
     if streamed:
+        from ..store.bandwidth import sequential_read
+        raw_read_bps, _ = sequential_read(store, args.reader, args.read_limit)
         target.reset_stats()
 
     reader_info = target.report()["reader"] if streamed else None
@@ -286,6 +289,10 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
           + (" (ar added as the reference)" if ar_added else "")
           + (f" + {RESIDENT}" if args.resident else ""), flush=True)
     print(f"# page cache: {page_cache}", flush=True)
+    if raw_read_bps:
+        print(f"# raw sequential read of the store: {raw_read_bps / 2**30:.2f} GiB/s; the I/O bound of a mode is "
+              f"its bytes read per token at that rate (column I/O tok/s: the most tokens/s the flash allows)",
+              flush=True)
 
     # -- the timed runs: for each prompt, every mode
     runs: list[tuple[str, object, object]] = [(m.label, target, m) for m in modes]
@@ -341,6 +348,9 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     ar_tps = aggregates["ar"]["tokens_per_s"]
     for a in aggregates.values():
         a["ratio_vs_ar"] = round(a["tokens_per_s"] / ar_tps, 4) if ar_tps else None
+        per_token = a["bytes_read_per_token"]
+        a["io_lower_bound_s_per_token"] = per_token / raw_read_bps if raw_read_bps and per_token else None
+        a["io_bound_tokens_per_s"] = round(raw_read_bps / per_token, 2) if raw_read_bps and per_token else None
     for m in modes:
         aggregates[m.label]["spec"] = {"mode": m.spec.mode, "draft_len": m.spec.draft_len if m.spec.mode == "chain"
                                        else None, "tree": ({"budget": m.spec.tree.budget, "topk": m.spec.tree.topk,
@@ -381,7 +391,7 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
                    "modes": [m.label for m in modes], "ar_added": ar_added, "resident": args.resident,
                    "prompt_set": args.prompt_set, "categories": args.categories, "prompts": len(prompts),
                    "new_tokens": new_tokens, "ignore_eos": args.ignore_eos,
-                   "temperature": args.temperature, "seed": args.seed,
+                   "temperature": args.temperature, "seed": args.seed, "raw_read_bytes_per_s": raw_read_bps,
                    "dtype": args.dtype, "reader": args.reader, "prefetch_depth": args.prefetch_depth,
                    "drop_caches": args.drop_caches, "page_cache": page_cache, "quick": args.quick,
                    "kernels": kernels,
@@ -507,7 +517,7 @@ def _fmt_mismatch(a: dict) -> str:
 
 
 def print_table(aggregates: dict, resident: dict | None, streamed: bool) -> None:
-    head = (f"{'mode':<14}{'tok/s':>9}{'vs ar':>8}{'acc.len':>9}{'tree':>7}{'MB/tok':>9}"
+    head = (f"{'mode':<14}{'tok/s':>9}{'vs ar':>8}{'acc.len':>9}{'tree':>7}{'MB/tok':>9}{'I/O tok/s':>10}"
             f"{'draft s':>9}{'verify s':>10}{'stall s':>9}{'accept s':>10}  mismatches")
     print(head)
     print("-" * len(head))
@@ -518,8 +528,10 @@ def print_table(aggregates: dict, resident: dict | None, streamed: bool) -> None
         ts = a["time_split_s"]
         flash = streamed and a["mode"] != RESIDENT and a["bytes_read_per_token"] is not None
         mb = f"{a['bytes_read_per_token'] / 1e6:9.2f}" if flash else f"{'-':>9}"
+        bound = a.get("io_bound_tokens_per_s")
+        io = f"{bound:10.1f}" if flash and bound else f"{'-':>10}"
         print(f"{a['mode']:<14}{a['tokens_per_s']:9.2f}{(a['ratio_vs_ar'] or 0):7.2f}x{a['mean_accepted_length']:9.2f}"
-              f"{a['mean_tree_size']:7.1f}{mb}{ts['draft']:9.2f}{ts['verify_compute']:10.2f}{ts['io_stall']:9.2f}"
+              f"{a['mean_tree_size']:7.1f}{mb}{io}{ts['draft']:9.2f}{ts['verify_compute']:10.2f}{ts['io_stall']:9.2f}"
               f"{ts['accept']:10.2f}  {_fmt_mismatch(a)}")
     if resident is not None and resident.get("same_as_ar"):
         print(f"{RESIDENT:<14}= ar (the --target model is memory-resident)")
