@@ -140,19 +140,36 @@ def test_blocks_from_gguf_quantize(qtype, n_blocks, threads):
 
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"], ids=["f32", "bf16"])
 def test_wrapper_shape_dtype_values(qtype, dtype):
+    """numpy out: float32 values, or bf16 as their uint16 bit patterns."""
     bs = GGML_QUANT_SIZES[qtype][0]
     rows, cols = 3, 2 * max(bs, 32)
     raw = random_blocks(qtype, rows * cols // bs, seed=int(qtype)).reshape(rows, -1)
     t = quant.dequantize(raw, qtype, (rows, cols), dtype=dtype)
-    assert t.dtype == dtype and t.shape == (rows, cols) and t.is_contiguous()
+    assert isinstance(t, np.ndarray) and t.shape == (rows, cols) and t.flags.c_contiguous
+    assert t.dtype == (np.float32 if dtype == "float32" else np.uint16)
     ref = ref_dequantize(raw, qtype)
     assert ref.shape == (rows, cols)
-    if dtype == torch.float32:
-        np.testing.assert_array_equal(t.numpy().view(np.uint32), ref.view(np.uint32))
+    if dtype == "float32":
+        np.testing.assert_array_equal(t.view(np.uint32), ref.view(np.uint32))
     else:
-        assert_bf16_matches(t.view(torch.int16).numpy().view(np.uint16).reshape(-1), ref.reshape(-1))
+        assert_bf16_matches(t.reshape(-1), ref.reshape(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_torch_wrapper_has_the_same_bits(dtype):
+    """The torch reference's wrapper (lever.model.linear.dequantize_tensor) and a
+    torch dtype given to quant.dequantize (torch is imported here) give the same bits."""
+    from lever.model.linear import dequantize_tensor
+    raw = random_blocks(T.Q4_K, 4, seed=3).reshape(2, -1)
+    name = "float32" if dtype == torch.float32 else "bfloat16"
+    bits = quant.dequantize(raw, T.Q4_K, (2, 512), dtype=name)
+    t = dequantize_tensor(raw, T.Q4_K, (2, 512), dtype)
+    assert t.dtype == dtype and t.shape == (2, 512)
+    as_bits = t.numpy() if dtype == torch.float32 else t.view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(as_bits, bits)
+    np.testing.assert_array_equal(quant.dequantize(raw, T.Q4_K, (2, 512), dtype=dtype), bits)
 
 
 def test_wrapper_accepts_bytes_read_only_and_non_contiguous_arrays():
@@ -161,11 +178,11 @@ def test_wrapper_accepts_bytes_read_only_and_non_contiguous_arrays():
     ref = ref_dequantize(raw, T.Q4_K).reshape(-1)
     np.testing.assert_array_equal(native_f32(raw.reshape(-1), T.Q4_K).view(np.uint32), ref.view(np.uint32))
     from_bytes = quant.dequantize(raw.tobytes(), T.Q4_K, (6 * 256,))
-    np.testing.assert_array_equal(from_bytes.numpy().view(np.uint32), ref.view(np.uint32))
+    np.testing.assert_array_equal(from_bytes.view(np.uint32), ref.view(np.uint32))
     # every other block: a strided view that the wrapper must copy, not misread
     strided = quant.dequantize(raw[::2], T.Q4_K, (3, 256))
     expected = ref.reshape(6, 256)[::2]
-    np.testing.assert_array_equal(strided.numpy().view(np.uint32), expected.view(np.uint32))
+    np.testing.assert_array_equal(strided.view(np.uint32), expected.view(np.uint32))
 
 
 def test_empty_input():
@@ -308,8 +325,9 @@ def test_bad_buffers():
     misaligned = np.empty(129 * 4 + 1, np.uint8)[1:].view(np.float32)
     with pytest.raises(ValueError, match="aligned"):
         native.dequantize(raw, int(T.Q8_0), misaligned[:128])
-    with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.bfloat16"):
-        quant.dequantize(raw, T.Q8_0, (128,), dtype=torch.float16)
+    for dtype in ("float16", torch.float16, np.float32):
+        with pytest.raises(ValueError, match=r"unsupported compute dtype .*\(use float32 or bfloat16\)"):
+            quant.dequantize(raw, T.Q8_0, (128,), dtype=dtype)
 
 
 # --- real GGUF files --------------------------------------------------------------
@@ -359,9 +377,8 @@ def test_real_weights(request, fixture, qtype):
     native.set_num_threads(2)
     for name, data in request.getfixturevalue(fixture)[qtype]:
         ref = ref_dequantize(data, qtype)
-        got = quant.dequantize(data, qtype, ref.shape, dtype=torch.float32)
+        got = quant.dequantize(data, qtype, ref.shape, dtype="float32")
         assert got.shape == ref.shape, name
-        np.testing.assert_array_equal(got.numpy().view(np.uint32), ref.view(np.uint32), err_msg=name)
-        got16 = quant.dequantize(data, qtype, ref.shape, dtype=torch.bfloat16)
-        np.testing.assert_array_equal(got16.view(torch.int16).numpy().view(np.uint16),
-                                      reference_bf16(ref), err_msg=name)
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=name)
+        got16 = quant.dequantize(data, qtype, ref.shape, dtype="bfloat16")
+        np.testing.assert_array_equal(got16, reference_bf16(ref), err_msg=name)

@@ -5,7 +5,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from lever.cli import main
 from lever.cost import measure as measure_mod
@@ -13,8 +12,8 @@ from lever.cost.cost_model import CostModel, interpolate
 from lever.cost.device_profile import DeviceProfile, Stage
 from lever.cost.profile import load_or_measure, measure_profile, profile_key, profile_path
 from lever.errors import ProfileError, ReadLimitError
-from lever.model.decoder import causal_mask
-from lever.model.gguf_loader import load_gguf_model
+from lever.masks import causal_mask
+from lever.model.torch_reference import load_gguf_torch
 from lever.store.residency import parse_rate
 from lever.store.streamed import StreamedDecoder
 from test_store import minimum_budget, smol_store  # noqa: F401  (smol_store is a fixture)
@@ -26,7 +25,7 @@ GRID = dict(n_grid=[1, 4, 16], draft_grid=[1, 4], context_tokens=16, repeats=1)
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
-    return load_gguf_model(smollm2_path, torch.bfloat16)[0]
+    return load_gguf_torch(smollm2_path, "bfloat16")[0]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +59,7 @@ def streamed_key(model, smollm2_path, **kw):
 def forward(model, ids, cache):
     n = cache.length
     t = len(ids)
-    return model(torch.tensor(ids), torch.arange(n, n + t), causal_mask(t, n), cache)
+    return model(np.array(ids, dtype=np.int64), np.arange(n, n + t), causal_mask(t, n), cache)
 
 
 @pytest.mark.parametrize("which", ["resident", "streamed"])
@@ -68,14 +67,14 @@ def test_stage_times_hook_is_exact_and_complete(which, smol, streamed):
     model = smol if which == "resident" else streamed
     ids = [1, 100, 2000, 300, 42]
     ref_cache, hook_cache = model.new_cache(), model.new_cache()
-    ref = torch.cat([forward(model, ids, ref_cache), forward(model, [7, 8], ref_cache)])
+    ref = np.concatenate([forward(model, ids, ref_cache), forward(model, [7, 8], ref_cache)])
     model.stage_times = []
     try:
-        got = torch.cat([forward(model, ids, hook_cache), forward(model, [7, 8], hook_cache)])
+        got = np.concatenate([forward(model, ids, hook_cache), forward(model, [7, 8], hook_cache)])
         times = model.stage_times
     finally:
         model.stage_times = None
-    assert torch.equal(got, ref)
+    assert np.array_equal(got, ref)
     one_pass = ["embed"] + [f"layer.{i}" for i in range(model.config.n_layers)] + ["head"]
     assert [name for name, _ in times] == one_pass * 2
     assert all(s >= 0 for _, s in times)

@@ -56,7 +56,7 @@ def act_block(qtype: int) -> int:
 
 
 def check(qtype, raw, rows, cols, x, isa):
-    w = quant.dequantize(raw, qtype, (rows, cols), torch.float32).numpy().astype(np.float64)
+    w = quant.dequantize(raw, qtype, (rows, cols), "float32").astype(np.float64)
     out = np.empty((x.shape[0], rows), dtype=np.float32)
     _native.quant_matmul(x, raw, qtype, out, isa)
     xq = quantize_like_kernel(x, act_block(qtype)).astype(np.float64)
@@ -148,7 +148,7 @@ def test_special_activations():
     for qtype in TYPES.values():
         bs = quant.block_size(qtype)
         raw = random_blocks(qtype, 16, 2 * bs, rng)
-        w = quant.dequantize(raw, qtype, (16, 2 * bs), torch.float32).numpy()
+        w = quant.dequantize(raw, qtype, (16, 2 * bs), "float32")
         x = np.zeros((2, 2 * bs), np.float32)
         x[1, 5] = 3.0
         for isa in ISAS:

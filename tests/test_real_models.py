@@ -7,9 +7,10 @@ import transformers
 
 from lever.model.hf_export import hf_from_ours
 from lever.autoregressive import generate_tokens
-from lever.model.decoder import causal_mask
+from lever.masks import causal_mask
 from lever.model.gguf_loader import load_gguf_model
 from lever.model.tokenizer import Tokenizer
+from lever.model.torch_reference import TorchModel
 
 pytestmark = pytest.mark.real
 
@@ -76,7 +77,7 @@ def test_greedy_tokens_equal_transformers_generate(real):
     hf = hf_from_ours(ours)
     for prompt in PROMPTS:
         ids = tok.encode(tok.format_prompt(prompt))
-        got = generate_tokens(ours, ids, 32).token_ids
+        got = generate_tokens(TorchModel(ours), ids, 32).token_ids
         with torch.no_grad():
             ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                               max_new_tokens=len(got), do_sample=False, eos_token_id=None,

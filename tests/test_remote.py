@@ -54,7 +54,7 @@ def smol_target(smollm2_path, lever_cache):
 @pytest.fixture(scope="module")
 def smol_draft(smollm2_path, lever_cache):
     """A second copy, with the torch matmul path: its drafts sometimes differ from the target."""
-    return load(str(smollm2_path), cache_dir=lever_cache, progress=False, quantized=False)
+    return load(str(smollm2_path), cache_dir=lever_cache, progress=False, kernels="torch")
 
 
 @pytest.fixture(scope="module")

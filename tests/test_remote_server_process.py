@@ -66,7 +66,7 @@ class ServerProcess:
 
 @pytest.fixture(scope="module")
 def draft(smollm2_path, lever_cache):
-    return load(str(smollm2_path), cache_dir=lever_cache, progress=False, quantized=False)
+    return load(str(smollm2_path), cache_dir=lever_cache, progress=False, kernels="torch")
 
 
 @pytest.fixture(scope="module")

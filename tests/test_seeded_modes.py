@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from lever.autoregressive import generate_tokens
@@ -54,7 +55,8 @@ def check_sampled(target, prompt, got, ref, params, seed, label):
     for i, (a, b) in enumerate(zip(got, ref)):
         if a != b:
             row = full_logits(target, prompt + ref[:i])[-1]
-            scores = processed_logits(row, params).double() + position_noise(seed, len(prompt) + i, row.shape[-1])
+            scores = processed_logits(row, params).astype(np.float64) + position_noise(seed, len(prompt) + i,
+                                                                                       row.shape[-1])
             gap = abs(float(scores[a] - scores[b]))
             assert gap < SCORE_TIE, f"{label}: token {i}: {a} vs plain {b}, score gap {gap:.2e} is not a tie"
             return

@@ -21,6 +21,7 @@ import copy
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -33,9 +34,10 @@ from lever.draft.ngram import NgramDrafter
 from lever.engine import SpecConfig, speculative_generate
 from lever.errors import ContextOverflowError, LeverError
 from lever.autoregressive import generate_tokens
-from lever.model.checkpoint_loader import load_checkpoint_model
-from lever.model.decoder import causal_mask
+from lever.masks import causal_mask
+from lever.model.torch_reference import load_checkpoint_torch, load_gguf_torch
 from lever.sampling import SamplingParams, processed_probs, sample_at
+from lever.verify.rules import draw
 
 TIE_GAP = 1e-3          # fp32: a greedy divergence is accepted only below this top-2 logit gap
 P_THRESHOLD = 1e-3      # chi-square goodness-of-fit threshold
@@ -64,10 +66,10 @@ SPECS["lever"] = lever_spec()
 
 # --- helpers ---------------------------------------------------------------------
 
-def full_logits(model, ids) -> torch.Tensor:
-    """Logits [len(ids), vocab] of a fresh full forward (row i predicts token i+1)."""
+def full_logits(model, ids) -> np.ndarray:
+    """Logits float32 [len(ids), vocab] of a fresh full forward (row i predicts token i+1)."""
     t = len(ids)
-    return model(torch.tensor(ids), torch.arange(t), causal_mask(t, 0), model.new_cache(capacity=t))
+    return model(np.array(ids, dtype=np.int64), np.arange(t), causal_mask(t, 0), model.new_cache(capacity=t))
 
 
 def first_divergence(a, b):
@@ -77,13 +79,13 @@ def first_divergence(a, b):
     return None
 
 
-def tie_tolerance(dtype: torch.dtype, top_logit: float) -> float:
+def tie_tolerance(dtype: str, top_logit: float) -> float:
     """How close two logits must be to count as a tie: TIE_GAP in fp32; in bf16
     the logits themselves are rounded to 8 significant bits (a step of 0.125 at
     16..32), so there a tie is a gap of at most 2 steps at the top logit."""
-    if dtype == torch.float32:
+    if dtype == "float32":
         return TIE_GAP
-    mantissa = {torch.bfloat16: 7, torch.float16: 10}[dtype]
+    mantissa = {"bfloat16": 7, "float16": 10}[dtype]
     return 2.0 * 2.0 ** (math.floor(math.log2(max(abs(top_logit), 1e-30))) - mantissa)
 
 
@@ -95,17 +97,17 @@ def check_greedy(target, prompt, got, ref, label, divergences) -> None:
     if i is None:
         assert len(got) == len(ref), f"{label}: {len(got)} tokens vs target-only {len(ref)}: {got} vs {ref}"
         return
-    logits = full_logits(target, prompt + got).float()
+    logits = full_logits(target, prompt + got)
     row = logits[len(prompt) + i - 1]
-    top2 = torch.topk(row, 2)
-    gap = float(top2.values[0] - top2.values[1])
-    tol = tie_tolerance(target.dtype, float(top2.values[0]))
+    top2 = np.argsort(-row, kind="stable")[:2]
+    gap = float(row[top2[0]] - row[top2[1]])
+    tol = tie_tolerance(target.dtype, float(row[top2[0]]))
     msg = (f"DIVERGENCE {label}: new token {i}: speculative {got[i]} vs target-only {ref[i]}, "
-           f"target top-2 {top2.indices.tolist()} logits {top2.values.tolist()} gap {gap:.3e} "
+           f"target top-2 {top2.tolist()} logits {row[top2].tolist()} gap {gap:.3e} "
            f"(tie tolerance {tol:.3e})")
     print(msg)
     divergences.append(msg)
-    assert gap <= tol and {got[i], ref[i]} <= set(top2.indices.tolist()), msg + " (not a near-tie)"
+    assert gap <= tol and {got[i], ref[i]} <= set(top2.tolist()), msg + " (not a near-tie)"
     for j in range(i + 1, len(got)):
         row = logits[len(prompt) + j - 1]
         short = float(row.max() - row[got[j]])
@@ -142,7 +144,7 @@ def random_hf(arch: str, tie: bool, seed: int, **overrides):
 
 def save_and_load(hf, directory):
     hf.save_pretrained(directory)
-    return load_checkpoint_model(directory, torch.float32)
+    return load_checkpoint_torch(directory, "float32")
 
 
 def run_spec(target, drafter, prompt, n, spec, params=SamplingParams(), stop_ids=frozenset()):
@@ -217,9 +219,8 @@ def smol_modes(i: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path, lever_cache):
-    from lever.model.gguf_loader import load_gguf_model
     from lever.model.tokenizer import Tokenizer
-    model, gguf = load_gguf_model(smollm2_path, torch.float32)
+    model, gguf = load_gguf_torch(smollm2_path, "float32")
     tok = Tokenizer.from_gguf(gguf, cache_dir=lever_cache / "tokenizers")
     prompts = [tok.encode(tok.format_prompt(text) if chat else text) for text, chat in SMOL_PROMPTS]
     stop = frozenset(tok.eos_token_ids)
@@ -326,10 +327,9 @@ QWEN_PROMPTS = [
 @pytest.mark.slow
 @pytest.mark.real
 def test_qwen_pair_bf16_greedy_is_exact(qwen05_path, qwen15_path, lever_cache):
-    from lever.model.gguf_loader import load_gguf_model
     from lever.model.tokenizer import Tokenizer
-    target, gguf = load_gguf_model(qwen15_path, torch.bfloat16)
-    draft, _ = load_gguf_model(qwen05_path, torch.bfloat16)
+    target, gguf = load_gguf_torch(qwen15_path, "bfloat16")
+    draft, _ = load_gguf_torch(qwen05_path, "bfloat16")
     tok = Tokenizer.from_gguf(gguf, cache_dir=lever_cache / "tokenizers")
     stop = frozenset(tok.eos_token_ids)
     acc, divergences = Acceptance(), []
@@ -385,8 +385,8 @@ def exact_joint(target, prompt, params, n_tokens) -> dict[tuple, float]:
         if len(prefix) == n_tokens:
             out[tuple(prefix)] = prob
             return
-        p = processed_probs(full_logits(target, prompt + prefix)[-1], params).double()
-        for t in torch.nonzero(p > 0).flatten().tolist():
+        p = processed_probs(full_logits(target, prompt + prefix)[-1], params).astype(np.float64)
+        for t in np.flatnonzero(p > 0).tolist():
             rec(prefix + [t], prob * float(p[t]))
 
     rec([], 1.0)
@@ -492,25 +492,25 @@ def wrong_tree_walk(tree, logits, params, seed, root_position):
         node = child
 
 
-def always_accept_leviathan(tree, logits, draft_probs, params, generator):
+def always_accept_leviathan(tree, logits, draft_probs, params, rng):
     """Accepts every draft token, then samples from the target at the end of the chain."""
     accepted = list(range(1, len(tree)))
     last = len(tree) - 1
-    return accepted, int(torch.multinomial(processed_probs(logits[last], params), 1, generator=generator))
+    return accepted, draw(processed_probs(logits[last], params), rng)
 
 
-def leviathan_without_residual(tree, logits, draft_probs, params, generator):
+def leviathan_without_residual(tree, logits, draft_probs, params, rng):
     """min(1, p/q) acceptance, but on rejection draws from p instead of norm(max(0, p - q))."""
     accepted = []
     for i in range(len(tree) - 1):
         x = tree.token(i + 1)
         p = processed_probs(logits[i], params)
-        if float(torch.rand((), generator=generator)) * float(draft_probs[i][x]) < float(p[x]):
+        if rng.random() * float(draft_probs[i][x]) < float(p[x]):
             accepted.append(i + 1)
             continue
-        return accepted, int(torch.multinomial(p, 1, generator=generator))
+        return accepted, draw(p, rng)
     last = len(tree) - 1
-    return accepted, int(torch.multinomial(processed_probs(logits[last], params), 1, generator=generator))
+    return accepted, draw(processed_probs(logits[last], params), rng)
 
 
 @pytest.mark.parametrize("kind,attr,wrong", [
@@ -531,7 +531,7 @@ def test_wrong_rule_is_rejected(tiny_pair, exact_reference, monkeypatch, kind, a
 
 def fresh_kv(model, ids):
     cache = model.new_cache(capacity=len(ids))
-    model(torch.tensor(ids), torch.arange(len(ids)), causal_mask(len(ids), 0), cache)
+    model(np.array(ids, dtype=np.int64), np.arange(len(ids)), causal_mask(len(ids), 0), cache)
     return cache._k[:, :, : len(ids)], cache._v[:, :, : len(ids)]
 
 

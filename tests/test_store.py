@@ -4,18 +4,21 @@ reader backends, and every way a store or a budget can be wrong."""
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
 from lever.cli import main
 from lever.errors import ChecksumError, DramBudgetError, StoreError
-from lever.model.decoder import causal_mask
 from lever.model.gguf_loader import load_gguf_model
+from lever.model.native_loader import load_gguf_native
 from lever.store import convert as convert_mod
 from lever.store.convert import convert
 from lever.store.manifest import MANIFEST, WEIGHTS, StoreManifest
 from lever.store.residency import parse_size, plan_residency
-from lever.store.streamed import StreamedDecoder, load_store_model
+from lever.store.streamed import StreamedDecoder
+from lever.store.torch_reference import load_store_model
+from tiny_model import causal
 
 pytestmark = pytest.mark.real
 
@@ -66,7 +69,7 @@ def test_store_round_trip_equals_source(which, request, smollm2_path, qwen05_pat
 
 def test_bf16_store_round_trip(smol_bf16_store, smollm2_path):
     ref, _ = load_gguf_model(smollm2_path, torch.bfloat16, quantized=False)
-    got = load_store_model(smol_bf16_store, torch.bfloat16)
+    got = load_store_model(smol_bf16_store, "bfloat16")
     for (name, p), (_, q) in zip(ref.named_parameters(), got.named_parameters()):
         assert torch.equal(p, q), name
 
@@ -110,56 +113,42 @@ def test_convert_refuses_to_overwrite(smol_store, smollm2_path):
 # -- streaming ----------------------------------------------------------------------
 
 def run_passes(model, ids, steps=3):
-    """Prefill + `steps` single-token passes; returns all logits."""
+    """Prefill + `steps` single-token passes of a model of the numpy protocol; returns all logits."""
     cache = model.new_cache()
     n = len(ids)
-    out = [model(torch.tensor(ids), torch.arange(n), causal_mask(n, 0), cache)]
+    out = [model(np.array(ids), np.arange(n), causal(n), cache)]
     for i in range(steps):
         tok = int(out[-1][-1].argmax())
-        out.append(model(torch.tensor([tok]), torch.tensor([n + i]), causal_mask(1, n + i), cache))
-    return torch.cat(out)
+        out.append(model(np.array([tok]), np.array([n + i]), causal(1, n + i), cache))
+    return np.concatenate(out)
 
 
 @pytest.mark.parametrize("which", ["smol", "qwen", "smol_bf16"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("quantized", [True, False])
-def test_streamed_equals_in_memory(which, dtype, quantized, request):
-    """Quantised matrices are multiplied straight from the read buffers (quantized)
-    or dequantised; bf16 stores computed in bf16 use the read buffers in place.
-    Either way the logits equal the in-memory model's bit for bit."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_streamed_equals_in_memory(which, dtype, request, smollm2_path, qwen05_path):
+    """Every matrix is multiplied straight from its read buffer (kernel blocks of a
+    source store, BF16 of a bf16 store); the logits are the same bits whatever the
+    budget pins, and for a source store the same as the native model of its GGUF."""
     store = request.getfixturevalue(f"{which}_store")
     ids = [1, 100, 2000, 300, 42, 7, 999, 5]
-    ref = run_passes(load_store_model(store, dtype, quantized=quantized), ids)
     m = StoreManifest.load(store)
-    dtype_bytes = torch.empty(0, dtype=dtype).element_size()
-    lo = minimum_budget(store, dtype_bytes=dtype_bytes)
+    lo = minimum_budget(store, dtype_bytes=4 if dtype == "float32" else 2)
     hi = full_budget(store)
+    if which == "smol_bf16":
+        ref = None
+    else:
+        ref = run_passes(load_gguf_native(smollm2_path if which == "smol" else qwen05_path, dtype)[0], ids)
     pinned_counts = []
-    for budget in (lo, (lo + m.weights_bytes // 2), hi):      # nothing, about half, everything pinned
-        model = StreamedDecoder(store, budget, dtype, quantized=quantized)
+    for budget in (hi, lo, (lo + m.weights_bytes // 2)):      # everything, nothing, about half pinned
+        model = StreamedDecoder(store, budget, dtype)
         got = run_passes(model, ids)
         pinned_counts.append(model.plan.pinned_layers)
-        assert torch.equal(got, ref), f"budget {budget}: max diff {(got - ref).abs().max()}"
+        ref = got if ref is None else ref
+        assert np.array_equal(got, ref), f"budget {budget}: max diff {np.abs(got - ref).max()}"
+        assert model.report()["dequantized_bytes_per_pass"] == 0
         model.close()
-    assert pinned_counts[0] == 0 and 0 < pinned_counts[1] < m.config.n_layers
-    assert pinned_counts[2] == m.config.n_layers
-
-
-@pytest.mark.parametrize("quantized", [True, False])
-def test_quantized_matrices_are_used_from_the_read_buffers(qwen_store, quantized):
-    """With the native kernels no matrix of a `source` store is dequantised: only
-    norms and biases pass through the workspace."""
-    m = StoreManifest.load(qwen_store)
-    model = StreamedDecoder(qwen_store, minimum_budget(qwen_store, dtype_bytes=4), torch.float32,
-                            quantized=quantized)
-    run_passes(model, [1, 2, 3], steps=1)
-    per_pass = model.report()["dequantized_bytes_per_pass"]
-    vectors = sum(4 * t.shape[0] for e in m.layers for t in e.tensors if len(t.shape) == 1)
-    model.close()
-    if quantized:
-        assert per_pass == vectors
-    else:
-        assert per_pass > 2 * m.weights_bytes
+    assert pinned_counts[1] == 0 and 0 < pinned_counts[2] < m.config.n_layers
+    assert pinned_counts[0] == m.config.n_layers
 
 
 def test_pread_backend_equals_io_uring(qwen_store):
@@ -167,17 +156,17 @@ def test_pread_backend_equals_io_uring(qwen_store):
     budget = minimum_budget(qwen_store)
     outs, backends = [], []
     for backend in ("io_uring", "pread"):
-        model = StreamedDecoder(qwen_store, budget, torch.bfloat16, backend=backend)
+        model = StreamedDecoder(qwen_store, budget, "bfloat16", backend=backend)
         outs.append(run_passes(model, ids, steps=2))
         backends.append(model.report()["reader"]["backend"])
         model.close()
     assert backends == ["io_uring", "pread"]
-    assert torch.equal(outs[0], outs[1])
+    assert np.array_equal(outs[0], outs[1])
 
 
 def test_stats_count_streamed_bytes(qwen_store):
     budget = minimum_budget(qwen_store)
-    model = StreamedDecoder(qwen_store, budget, torch.bfloat16)
+    model = StreamedDecoder(qwen_store, budget, "bfloat16")
     run_passes(model, [1, 2, 3], steps=2)
     r = model.report()
     assert r["passes"] == 3
@@ -193,7 +182,7 @@ def test_stats_count_streamed_bytes(qwen_store):
 
 def test_forced_io_uring_unavailable_falls_back(qwen_store, monkeypatch):
     monkeypatch.setenv("LEVER_IO_URING", "0")
-    model = StreamedDecoder(qwen_store, minimum_budget(qwen_store), torch.bfloat16)
+    model = StreamedDecoder(qwen_store, minimum_budget(qwen_store), "bfloat16")
     run_passes(model, [5, 6], steps=1)
     reader = model.report()["reader"]
     assert reader["backend"] == "pread"
@@ -217,7 +206,7 @@ def test_flipped_byte_names_the_layer(qwen_store, tmp_path):
         b = f.read(1)
         f.seek(layer.offset + 12345)
         f.write(bytes([b[0] ^ 0x40]))
-    model = StreamedDecoder(bad, minimum_budget(bad), torch.bfloat16)
+    model = StreamedDecoder(bad, minimum_budget(bad), "bfloat16")
     with pytest.raises(ChecksumError, match=r"layer\.3") as e:
         run_passes(model, [1, 2], steps=0)
     assert f"{layer.offset:,}" in str(e.value) or str(layer.offset) in str(e.value)
@@ -308,17 +297,14 @@ def test_cli_missing_store(tmp_path, capsys):
     assert rc == 2 and "no such store directory" in err
 
 
-def test_quantized_plan_reserves_no_workspace_for_kernel_matrices(qwen_store):
-    """With the native kernels the matrices are multiplied in place, so the
-    budget's dequantisation workspace holds only norms and biases, and the same
-    budget pins more."""
+def test_plan_reserves_no_workspace(qwen_store):
+    """The native decoder multiplies every matrix in place, so the budget's fixed
+    costs are the norm, the KV cache and the embedding row cache only."""
     m = StoreManifest.load(qwen_store)
     budget = minimum_budget(qwen_store) + 60 * 10**6
-    dense, quant = plan_residency(m, budget), plan_residency(m, budget, quantized=True)
-    small = max(sum(t.shape[0] for t in e.tensors if len(t.shape) == 1) for e in m.layers)
-    assert quant.fixed["workspace"] == 2 * small < dense.fixed["workspace"] // 100
-    assert quant.pinned_bytes > dense.pinned_bytes
-    model = StreamedDecoder(qwen_store, budget, torch.bfloat16)
-    assert model.plan.fixed["workspace"] == quant.fixed["workspace"]
-    assert model._ws.buf.numel() * 2 == quant.fixed["workspace"]
+    plan = plan_residency(m, budget)
+    assert set(plan.fixed) == {"globals", "kv_cache", "embedding_rows"}
+    assert plan_residency(m, budget, quantized=False).pinned_bytes == plan.pinned_bytes
+    model = StreamedDecoder(qwen_store, budget, "bfloat16")
+    assert model.plan.fixed == plan.fixed
     model.close()

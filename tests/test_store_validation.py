@@ -17,7 +17,7 @@ from lever.errors import ChecksumError, StoreError
 from lever.store.convert import convert
 from lever.store.manifest import MANIFEST, TOKENIZER, WEIGHTS, StoreManifest
 from lever.store.manifest_json import CHECKSUM_FIELD, digest
-from tiny_model import gguf_logits, lever_error_of, store_logits, write_tiny_gguf
+from tiny_model import lever_error_of, native_logits, store_logits, write_tiny_gguf
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +240,7 @@ def test_flipped_weights_byte_is_a_checksum_error(sources, tmp_path, arch, exten
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_store_equals_its_gguf(sources, arch):
     g, store = sources[arch]
-    assert (store_logits(store) == gguf_logits(g)).all()
+    assert (store_logits(store) == native_logits(g)).all()
 
 
 def test_reformatted_manifest_still_loads(sources, tmp_path):

@@ -14,8 +14,10 @@ D, FF, VOCAB, HEADS, KV_HEADS, LAYERS = 64, 96, 64, 4, 2, 2
 TOKENS = [1, 5, 9, 33, 2]
 
 
-def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0) -> Path:
-    """A 2-layer `arch` model; `tied`: no output.weight (the head is the embedding)."""
+def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0,
+                    matrix_type: str = "Q8_0") -> Path:
+    """A 2-layer `arch` model; `tied`: no output.weight (the head is the embedding);
+    matrix_type: the ggml type of every matrix ("Q8_0", "F32", "F16", "BF16", "Q4_1", ...)."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
     w.add_context_length(256)
@@ -36,9 +38,10 @@ def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: in
         x = (rng.standard_normal(shape) * 0.2).astype(np.float32)
         if len(shape) == 1:
             x = 1.0 + x                     # norms near 1
-        if quantize and len(shape) == 2:
-            q = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        if quantize and len(shape) == 2 and matrix_type != "F32":
+            qtype = gguf.GGMLQuantizationType[matrix_type]
+            q = gguf.quants.quantize(x, qtype)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
         else:
             w.add_tensor(name, x)
 
@@ -76,15 +79,28 @@ def gguf_logits(path) -> torch.Tensor:
     return model(torch.tensor(TOKENS), torch.arange(n), causal_mask(n, 0), model.new_cache())
 
 
-def store_logits(store) -> torch.Tensor:
-    """Float32 logits of TOKENS through a StreamedDecoder over `store`
-    (budget for everything but the minimum ring: both paths are exercised)."""
-    from lever.model.decoder import causal_mask
+def causal(n_new: int, n_cached: int = 0) -> np.ndarray:
+    """Bool mask [n_new, n_cached + n_new]: every token sees the cache and the tokens before it."""
+    return np.tri(n_new, n_cached + n_new, n_cached, dtype=bool)
+
+
+def native_logits(path) -> np.ndarray:
+    """Float32 logits of TOKENS through the native decoder over the GGUF at `path`
+    (float32 KV cache)."""
+    from lever.model.native_loader import load_gguf_native
+    model, _ = load_gguf_native(path, "float32")
+    n = len(TOKENS)
+    return model(np.array(TOKENS), np.arange(n), causal(n), model.new_cache())
+
+
+def store_logits(store) -> np.ndarray:
+    """Float32 logits of TOKENS through a StreamedDecoder over `store` (float32 KV
+    cache; budget for everything but the minimum ring: both paths are exercised)."""
     from lever.store.streamed import StreamedDecoder
-    model = StreamedDecoder(store, 64 << 20, torch.float32, kv_tokens=64)
+    model = StreamedDecoder(store, 64 << 20, "float32", kv_tokens=64)
     try:
         n = len(TOKENS)
-        return model(torch.tensor(TOKENS), torch.arange(n), causal_mask(n, 0), model.new_cache())
+        return model(np.array(TOKENS), np.arange(n), causal(n), model.new_cache())
     finally:
         model.close()
 

@@ -25,6 +25,7 @@ namespace py = pybind11;
 void bind_tree(py::module_& m);     // csrc/bindings/tree_bindings.cpp
 void bind_kernels(py::module_& m);  // csrc/bindings/kernel_bindings.cpp
 void bind_grower(py::module_& m);   // csrc/bindings/grow_bindings.cpp
+void bind_model(py::module_& m);    // csrc/bindings/model_bindings.cpp
 
 namespace {
 
@@ -270,4 +271,5 @@ Releases the GIL and runs on the native thread pool.)doc");
   bind_grower(m);
 
   bind_kernels(m);
+  bind_model(m);
 }

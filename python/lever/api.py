@@ -8,17 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
-from .errors import ModelFormatError
 from .autoregressive import GenerationResult, generate_tokens
-from .model.checkpoint_loader import load_checkpoint_model
+from .dtypes import dtype_name
+from .errors import ModelFormatError
 from .model.config import ModelConfig
-from .model.decoder import Decoder
-from .model.gguf_loader import load_gguf_model
+from .model.loading import load_model
 from .model.registry import resolve_model
 from .model.tokenizer import IncrementalDecoder, Tokenizer
-from .model.weights import parse_dtype
 from .sampling import SamplingParams
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -68,9 +64,10 @@ class Completion:
 
 @dataclass
 class LoadedModel:
-    """A decoder with its tokenizer, ready to generate."""
+    """A model (the numpy model protocol, lever.model.loading) with its tokenizer,
+    ready to generate."""
 
-    model: Decoder
+    model: object
     tokenizer: Tokenizer
     path: Path
     load_s: float = 0.0
@@ -116,29 +113,27 @@ class LoadedModel:
         return Completion(text=text, result=result, load_s=self.load_s, spec=spec_stats)
 
 
-def load(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
+def load(model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
          cache_dir: str | os.PathLike | None = None, progress: bool = True,
-         quantized: bool = True) -> LoadedModel:
+         kernels: str = "native") -> LoadedModel:
     """Load a registered model by name (see `lever models`), a GGUF file, or a
-    Hugging Face checkpoint directory, computing in `dtype` (bfloat16 or float32).
-    A GGUF's quantised matrices stay quantised in DRAM and are multiplied by the
-    native kernels; quantized=False dequantises them (the torch matmul path)."""
+    Hugging Face checkpoint directory.  dtype: "bfloat16" or "float32" (a torch
+    dtype is accepted too when torch is already imported).  kernels "native":
+    a GGUF runs on the native decoder (quantised matrices stay quantised);
+    "torch": on the torch reference, every weight dequantised to `dtype`
+    (needs the torch extra, as a checkpoint directory does)."""
     t0 = time.perf_counter()
     root = cache_root(cache_dir)
     path = resolve_model(model, cache_dir=root, progress=progress)
-    torch_dtype = parse_dtype(dtype)
-    if path.is_dir():
-        decoder = load_checkpoint_model(path, torch_dtype)
+    decoder, gguf = load_model(path, dtype_name(dtype), kernels)
+    if gguf is None:
         tokenizer = Tokenizer.from_pretrained_dir(path)
-    elif path.is_file():
-        decoder, gguf = load_gguf_model(path, torch_dtype, quantized=quantized)
-        tokenizer = Tokenizer.from_gguf(gguf, cache_dir=root / "tokenizers")
     else:
-        raise ModelFormatError(f"{path}: not a file or directory")
+        tokenizer = Tokenizer.from_gguf(gguf, cache_dir=root / "tokenizers")
     return LoadedModel(decoder, tokenizer, path, load_s=time.perf_counter() - t0)
 
 
-def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str | torch.dtype = "bfloat16",
+def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str = "bfloat16",
                backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
                cache_dir: str | os.PathLike | None = None, quantized: bool = True,
                max_read_bytes_per_s: str | float = 0.0) -> LoadedModel:
@@ -151,23 +146,22 @@ def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str 
     from .store.streamed import StreamedDecoder
 
     t0 = time.perf_counter()
-    model = StreamedDecoder(store_dir, parse_size(dram_budget), parse_dtype(dtype), backend=backend,
+    model = StreamedDecoder(store_dir, parse_size(dram_budget), dtype_name(dtype), backend=backend,
                             prefetch_depth=prefetch_depth, kv_tokens=kv_tokens, quantized=quantized,
                             max_read_bytes_per_s=parse_rate(max_read_bytes_per_s))
     tokenizer = store_tokenizer(store_dir, cache_dir)
     return LoadedModel(model, tokenizer, Path(store_dir), load_s=time.perf_counter() - t0)
 
 
-def make_drafter(name: str, dtype: str | torch.dtype = "bfloat16",
-                 cache_dir: str | os.PathLike | None = None, progress: bool = True,
-                 quantized: bool = True):
+def make_drafter(name: str, dtype: str = "bfloat16", cache_dir: str | os.PathLike | None = None,
+                 progress: bool = True, kernels: str = "native"):
     """'ngram' (prompt lookup, no model) or a draft model (name or path) kept in
-    DRAM, quantised unless quantized=False."""
+    DRAM, loaded as `load` does (kernels "native" or "torch")."""
     if name == "ngram":
         from .draft.ngram import NgramDrafter
         return NgramDrafter()
     from .draft.model_drafter import ModelDrafter
-    loaded = load(name, dtype=dtype, cache_dir=cache_dir, progress=progress, quantized=quantized)
+    loaded = load(name, dtype=dtype, cache_dir=cache_dir, progress=progress, kernels=kernels)
     return ModelDrafter(loaded.model, path=loaded.path)
 
 

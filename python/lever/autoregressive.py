@@ -1,4 +1,9 @@
-"""Plain autoregressive decoding: prefill the prompt, then one token per forward."""
+"""Plain autoregressive decoding: prefill the prompt, then one token per forward.
+
+`model` is any model of the numpy protocol (lever.model.loading): forward(tokens,
+positions, mask, cache, logits_rows=None, head="logits"|"argmax").  Greedy
+decoding asks for argmax ids only; sampling for the logits row it draws from.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
+import numpy as np
 
 from .errors import ContextOverflowError
-from .model.decoder import Decoder, causal_mask
-from .sampling import SamplingParams, resolve_seed, sample_at
+from .masks import causal_mask
+from .sampling import SamplingParams, choose_token, head_for, resolve_seed
 
 PREFILL_CHUNK = 512   # tokens per prefill forward (bounds attention memory)
 
@@ -54,25 +59,26 @@ def check_context(n_prompt: int, max_new_tokens: int, max_context: int) -> None:
             f"the model's context of {max_context} tokens")
 
 
-def prefill_chunk(model: Decoder, chunk_ids: list[int], start: int, cache) -> torch.Tensor:
+def prefill_chunk(model, chunk_ids: list[int], start: int, cache, head: str = "logits") -> np.ndarray:
     """Feed `chunk_ids` at positions start.. after the `start` cached rows;
-    returns the logits [vocab] of the chunk's last token."""
+    returns the chunk's last row of the head: its logits float32 [vocab]
+    (head "logits") or its argmax id, an int64 scalar (head "argmax")."""
     n = len(chunk_ids)
-    logits = model(torch.tensor(chunk_ids, dtype=torch.long), torch.arange(start, start + n),
-                   causal_mask(n, start), cache, logits_rows=torch.tensor([n - 1]))
-    return logits[0]
+    out = model(np.asarray(chunk_ids, dtype=np.int64), np.arange(start, start + n, dtype=np.int64),
+                causal_mask(n, start), cache, logits_rows=np.array([n - 1], dtype=np.int64), head=head)
+    return out[0]
 
 
-def prefill(model: Decoder, prompt_ids: list[int], cache) -> torch.Tensor:
-    """Feed the prompt in chunks of PREFILL_CHUNK tokens; returns the logits
-    [vocab] of its last token."""
-    logits = None
+def prefill(model, prompt_ids: list[int], cache, head: str = "logits") -> np.ndarray:
+    """Feed the prompt in chunks of PREFILL_CHUNK tokens; returns the last
+    token's row of the head (see `prefill_chunk`)."""
+    out = None
     for start in range(0, len(prompt_ids), PREFILL_CHUNK):
-        logits = prefill_chunk(model, list(prompt_ids[start:start + PREFILL_CHUNK]), start, cache)
-    return logits
+        out = prefill_chunk(model, list(prompt_ids[start:start + PREFILL_CHUNK]), start, cache, head)
+    return out
 
 
-def generate_tokens(model: Decoder, prompt_ids: list[int], max_new_tokens: int,
+def generate_tokens(model, prompt_ids: list[int], max_new_tokens: int,
                     params: SamplingParams = SamplingParams(), stop_ids: frozenset[int] = frozenset(),
                     on_token: Callable[[int], None] | None = None) -> GenerationResult:
     """Decode up to `max_new_tokens` tokens after `prompt_ids`, stopping at a stop id
@@ -84,15 +90,17 @@ def generate_tokens(model: Decoder, prompt_ids: list[int], max_new_tokens: int,
     seed = None if params.greedy else resolve_seed(params)
     result.seed = seed
     cache = model.new_cache(capacity=len(prompt_ids) + max_new_tokens)
+    head = head_for(params)
     t0 = time.perf_counter()
-    logits = prefill(model, prompt_ids, cache)
+    row = prefill(model, prompt_ids, cache, head)
     result.prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     while True:
-        token = sample_at(logits, params, seed, position=len(prompt_ids) + len(result.token_ids))
+        token = choose_token(row, params, seed, position=len(prompt_ids) + len(result.token_ids))
         if result.emit(token, max_new_tokens, stop_ids, on_token):
             break
         pos = cache.length
-        logits = model(torch.tensor([token]), torch.tensor([pos]), causal_mask(1, pos), cache)[0]
+        row = model(np.array([token], dtype=np.int64), np.array([pos], dtype=np.int64), causal_mask(1, pos),
+                    cache, head=head)[0]
     result.decode_s = time.perf_counter() - t0
     return result

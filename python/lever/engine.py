@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from .draft.base import Drafter, TreeShape
 from .errors import LeverError
@@ -195,8 +195,8 @@ def drafter_rows(spec: SpecConfig) -> int:
     return spec.max_tree_nodes + 1
 
 
-def one_hot_draft_probs(tree: TokenTree, vocab_size: int) -> torch.Tensor:
-    """q of a chain drafted deterministically: one-hot on each drafted token ([k, vocab])."""
-    probs = torch.zeros(len(tree) - 1, vocab_size)
-    probs[torch.arange(len(tree) - 1), torch.from_numpy(tree.tokens()[1:]).long()] = 1.0
+def one_hot_draft_probs(tree: TokenTree, vocab_size: int) -> np.ndarray:
+    """q of a chain drafted deterministically: one-hot on each drafted token (float32 [k, vocab])."""
+    probs = np.zeros((len(tree) - 1, vocab_size), dtype=np.float32)
+    probs[np.arange(len(tree) - 1), tree.tokens()[1:].astype(np.int64)] = 1.0
     return probs

@@ -70,3 +70,13 @@ class UsageError(LeverError):
 
 class PromptError(LeverError):
     """A prompt that cannot be used: unreadable, not UTF-8, too large or empty."""
+
+
+class MemoryLimitError(DramBudgetError):
+    """A `--memory-limit` below what the run needs (the message lists the
+    minimum and its parts in MB; see `lever.memory.plan`)."""
+
+
+class CgroupUnavailableError(LeverError):
+    """A memory cgroup cannot be used here: not root, or no memory controller
+    (the message says which; see `lever.memory.cgroup`)."""

@@ -37,8 +37,9 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
                  params: SamplingParams = SamplingParams(), cache_dir=None, max_nodes: int = DEFAULT_MAX_NODES,
                  max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK, force_profile: bool = False,
                  progress: bool = True) -> GainCostPolicy:
-    """The gain-cost policy for `target` (a Decoder or StreamedDecoder loaded
-    from `target_id`) drafted by `drafter` (a ModelDrafter)."""
+    """The gain-cost policy for `target` (a model of the numpy protocol, see
+    lever.model.loading, or a StreamedDecoder, loaded from `target_id`) drafted
+    by `drafter` (a ModelDrafter)."""
     draft_path = getattr(drafter, "path", None)
     if draft_path is None or not hasattr(drafter, "expand"):
         raise LeverError("mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "

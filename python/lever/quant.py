@@ -2,9 +2,11 @@
 
 A GGUF tensor of a quantised type is stored as blocks: each block encodes
 `block_size(qtype)` elements in `type_size(qtype)` bytes. `dequantize` turns
-the raw bytes of such a tensor into a torch tensor of fp32 or bf16 values,
-bit-identical to `gguf.quants.dequantize` (bf16: those fp32 values rounded to
-nearest-even). The work runs multithreaded without the GIL.
+the raw bytes of such a tensor into a numpy array of fp32 values, or of bf16
+values as their uint16 bit patterns, bit-identical to
+`gguf.quants.dequantize` (bf16: those fp32 values rounded to nearest-even).
+The work runs multithreaded without the GIL.  (The torch reference wraps it:
+`lever.model.linear.dequantize_tensor`.)
 
 Units: byte counts are bytes, element counts are tensor elements.
 """
@@ -15,9 +17,9 @@ import math
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from . import _native
+from .dtypes import dtype_name
 from .errors import UnsupportedModelError
 
 __all__ = ["dequantize", "is_supported", "block_size", "type_size", "type_name",
@@ -71,24 +73,23 @@ def _as_bytes(raw) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8)
 
 
-def dequantize(raw: np.ndarray, qtype: int, shape: Sequence[int],
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Dequantise the raw bytes of a GGUF tensor into a new torch tensor.
+def dequantize(raw: np.ndarray, qtype: int, shape: Sequence[int], dtype: str = "float32") -> np.ndarray:
+    """Dequantise the raw bytes of a GGUF tensor into a new numpy array.
 
     raw:   the tensor's data, a numpy array (any dtype; its bytes are used, so
            GGUFReader's uint8/float16/float32 arrays all work) or a bytes-like
            object; it must hold a whole number of blocks. Not modified.
     qtype: ggml type id (GGMLQuantizationType), e.g. 12 for Q4_K.
-    shape: shape of the result, outermost dimension first (torch order); its
-           element count must equal the number of elements the bytes encode.
-    dtype: torch.float32, or torch.bfloat16 (fp32 values rounded to
-           nearest-even).
+    shape: shape of the result, outermost dimension first; its element count
+           must equal the number of elements the bytes encode.
+    dtype: "float32" (a float32 array), or "bfloat16" (a uint16 array of the
+           bf16 bit patterns: the fp32 values rounded to nearest-even).
+           Aliases as in `lever.dtypes.dtype_name`.
 
     Raises UnsupportedModelError for a type Lever cannot dequantise and
-    ValueError for a size mismatch (e.g. truncated data).
+    ValueError for another dtype or a size mismatch (e.g. truncated data).
     """
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, not {dtype}")
+    dtype = dtype_name(dtype)
     qtype = _require_supported(qtype)
     data = _as_bytes(raw)
     shape = tuple(int(d) for d in shape)
@@ -103,14 +104,9 @@ def dequantize(raw: np.ndarray, qtype: int, shape: Sequence[int],
         raise ValueError(f"shape {shape} has {n_elements} elements but {data.nbytes} bytes of "
                          f"{type_name(qtype)} encode {encoded} elements")
 
-    # The output is allocated by numpy, not torch.empty: numpy advises
-    # transparent huge pages for large arrays, which makes the first-touch
-    # page faults of a fresh tensor several times cheaper (measured: a
-    # 1536x8960 Q4_K tensor in 4.4 ms instead of 18 ms). torch.from_numpy
-    # wraps the array without a copy.
-    out = np.empty(n_elements, dtype=np.float32 if dtype == torch.float32 else np.uint16)
+    # numpy advises transparent huge pages for large arrays, which makes the
+    # first-touch page faults of a fresh array several times cheaper
+    # (measured: a 1536x8960 Q4_K tensor in 4.4 ms instead of 18 ms).
+    out = np.empty(n_elements, dtype=np.float32 if dtype == "float32" else np.uint16)
     _native.dequantize(data, qtype, out)
-    t = torch.from_numpy(out)
-    if dtype == torch.bfloat16:
-        t = t.view(torch.bfloat16)
-    return t.reshape(shape)
+    return out.reshape(shape)

@@ -19,7 +19,6 @@ import secrets
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 
 # The accepted ranges, defined once for the API, the CLI and the verifier
@@ -66,27 +65,47 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def processed_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Logits [..., vocab] (float32) divided by the temperature, with the tokens
     that top-k and top-p remove set to -inf (greedy params are not allowed)."""
-    logits = logits.float() / params.temperature
+    logits = np.asarray(logits, dtype=np.float32) / np.float32(params.temperature)
     if params.top_k and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        kth = np.partition(logits, -params.top_k, axis=-1)[..., -params.top_k, None]   # k-th largest
+        logits = np.where(logits < kth, np.float32(-np.inf), logits)
     if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
+        order = np.argsort(-logits, axis=-1, kind="stable")                          # descending
+        sorted_probs = softmax(np.take_along_axis(logits, order, axis=-1))
         # drop a token when the tokens before it already reach top_p
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        drop_sorted = (np.cumsum(sorted_probs, axis=-1) - sorted_probs) >= params.top_p
+        drop = np.empty_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        logits = np.where(drop, np.float32(-np.inf), logits)
     return logits
 
 
-def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def processed_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Probabilities [..., vocab] (float32) after temperature, top-k and top-p:
     *the* distribution the target samples from."""
-    return processed_logits(logits, params).softmax(-1)
+    return softmax(processed_logits(logits, params))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, in x's float dtype (-inf entries get 0)."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Log-probabilities over the last axis (float32 for float32 logits)."""
+    x = np.asarray(x, dtype=np.float32)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def head_for(params: SamplingParams) -> str:
+    """The model head a token choice needs: "argmax" ids when greedy (no
+    [rows, vocab] logits are made), else "logits"."""
+    return "argmax" if params.greedy else "logits"
 
 
 def resolve_seed(params: SamplingParams) -> int:
@@ -106,7 +125,7 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def position_noise(seed: int, position: int, vocab_size: int) -> torch.Tensor:
+def position_noise(seed: int, position: int, vocab_size: int) -> np.ndarray:
     """Gumbel(0, 1) noise [vocab_size] (float64) of the token at `position`
     (tokens before it in the sequence) for sequence seed `seed`: the same
     numbers on every call, in every process and on every machine."""
@@ -114,16 +133,23 @@ def position_noise(seed: int, position: int, vocab_size: int) -> torch.Tensor:
         key = _mix64(np.array([seed], dtype=np.uint64) ^ _mix64(np.array([position], dtype=np.uint64) + _GOLDEN))
         bits = _mix64(key + np.arange(1, vocab_size + 1, dtype=np.uint64) * _GOLDEN)
     uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53      # in (0, 1)
-    return torch.from_numpy(-np.log(-np.log(uniform)))
+    return -np.log(-np.log(uniform))
 
 
-def sample_at(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+def sample_at(logits: np.ndarray, params: SamplingParams, seed: int, position: int) -> int:
     """The token at `position` given the model's logits [vocab] there: the
-    argmax when greedy, else the Gumbel-max draw argmax(processed logits +
-    position_noise(seed, position)), which is a draw from processed_probs.
-    It depends on (seed, position, the distribution) only -- not on how the
-    token was reached (plain decoding, a chain, a tree, a remote verifier)."""
+    argmax (first maximum) when greedy, else the Gumbel-max draw
+    argmax(processed logits + position_noise(seed, position)), which is a draw
+    from processed_probs.  It depends on (seed, position, the distribution)
+    only -- not on how the token was reached (plain decoding, a chain, a tree,
+    a remote verifier)."""
     if params.greedy:
-        return int(torch.argmax(logits))
-    scores = processed_logits(logits, params).double() + position_noise(seed, position, logits.shape[-1])
-    return int(torch.argmax(scores))
+        return int(np.argmax(logits))
+    scores = processed_logits(logits, params).astype(np.float64) + position_noise(seed, position, logits.shape[-1])
+    return int(np.argmax(scores))
+
+
+def choose_token(row, params: SamplingParams, seed: int | None, position: int) -> int:
+    """The token from one row of a forward whose head was `head_for(params)`:
+    the argmax id itself when greedy, else `sample_at` of the logits row."""
+    return int(row) if params.greedy else sample_at(row, params, seed, position)

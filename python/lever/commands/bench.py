@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import LeverError, StoreError
 from . import arg_types
 from .limits import MAX_BENCH_PROMPTS, MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_TREE_DEPTH, MAX_TREE_NODES, MAX_TREE_TOPK
@@ -138,8 +140,9 @@ def add_parser(subparsers) -> None:
     add_sampling_options(p, top=False, seed_default=0)    # temperature 0: modes are checked against ar
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
     p.add_argument("--kernels", default="native", choices=["native", "torch"],
-                   help="native: quantised matrices stay quantised and Lever's kernels multiply them "
-                        "(default); torch: dequantise them to --dtype and use torch matmul")
+                   help="native: the native decoder, quantised matrices stay quantised and Lever's kernels "
+                        "multiply them (default); torch: the torch reference, weights dequantised to --dtype, "
+                        "torch matmul (needs lever[torch])")
     add_reader_options(p)
     p.add_argument("--drop-caches", action="store_true",
                    help="drop the OS page cache once before the first timed run (needs root; reported)")
@@ -226,7 +229,7 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
         manifest, budget = None, None
         target_name = args.target or DEFAULT_MODEL
         loaded: LoadedModel = load(target_name, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
-                                   quantized=args.kernels == "native")
+                                   kernels=args.kernels)
         ids = [loaded.prompt_ids(p["text"]) for p in prompts]
     target = loaded.model
     streamed = hasattr(target, "reset_stats")
@@ -235,12 +238,13 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     load_s = time.perf_counter() - t0
     resident = None
     if args.resident and streamed:
-        from ..model.weights import parse_dtype
-        from ..store.streamed import load_store_model
-        resident = load_store_model(store, parse_dtype(args.dtype), backend=args.reader,
-                                    quantized=args.kernels == "native")
+        from ..model.torch_reference import TorchModel, torch_dtype
+        dtype = torch_dtype(args.dtype, "lever bench --resident (the store loaded as the torch reference)")
+        from ..store.torch_reference import load_store_model
+        resident = TorchModel(load_store_model(store, dtype, backend=args.reader,
+                                               quantized=args.kernels == "native"))
     drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
-                            quantized=args.kernels == "native") if needs_draft else None)
+                            kernels=args.kernels) if needs_draft else None)
     stop_ids = frozenset() if args.ignore_eos else loaded.tokenizer.eos_token_ids
     policies = []
     for i, m in enumerate(modes):
@@ -466,8 +470,6 @@ def divergence(model, prompt_ids: list[int], ref: list[int], got: list[int], par
     were a near-tie there: greedy, both logits within ~2 bf16 ulps of the top
     logit; sampled, their Gumbel-max scores (processed logits + the
     position's noise) within the same margin scaled by 1/temperature."""
-    import torch
-
     from ..autoregressive import prefill
     from ..sampling import position_noise, processed_logits
 
@@ -476,24 +478,23 @@ def divergence(model, prompt_ids: list[int], ref: list[int], got: list[int], par
     if out["ar_token"] is None or out["token"] is None:
         out["near_tie"] = False
         return out
-    with torch.inference_mode():
-        cache = model.new_cache(capacity=len(prompt_ids) + i + 1)
-        logits = prefill(model, list(prompt_ids) + ref[:i], cache).float()
-    tol = 2.0 ** -6 * max(1.0, abs(logits.max().item()))
+    cache = model.new_cache(capacity=len(prompt_ids) + i + 1)
+    logits = prefill(model, list(prompt_ids) + ref[:i], cache).astype(np.float32)
+    tol = 2.0 ** -6 * max(1.0, abs(float(logits.max())))
     if not params.greedy:
         tol /= params.temperature
-        logits = processed_logits(logits, params).double() + position_noise(params.seed, len(prompt_ids) + i,
-                                                                          logits.shape[-1])
-    top = logits.max().item()
-    a, b = logits[ref[i]].item(), logits[got[i]].item()
+        logits = processed_logits(logits, params).astype(np.float64) + position_noise(
+            params.seed, len(prompt_ids) + i, logits.shape[-1])
+    top = float(logits.max())
+    a, b = float(logits[ref[i]]), float(logits[got[i]])
     out.update(ar_logit=a, logit=b, top_logit=top, tolerance=tol, near_tie=top - min(a, b) <= tol)
     return out
 
 
 def machine_info() -> dict:
-    import torch
-
+    """The machine and software versions (torch's only when the torch reference is loaded)."""
     from .. import __version__
+    torch = sys.modules.get("torch")
     mem = None
     try:
         with open("/proc/meminfo") as f:
@@ -501,8 +502,9 @@ def machine_info() -> dict:
     except (OSError, StopIteration, ValueError):
         pass
     return {"machine": platform.machine(), "platform": platform.platform(), "processor": platform.processor(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "memory_bytes": mem,
-            "python": platform.python_version(), "torch": torch.__version__, "lever": __version__}
+            "cpu_count": os.cpu_count(), "memory_bytes": mem, "python": platform.python_version(),
+            "numpy": np.__version__, "lever": __version__,
+            **({"torch": torch.__version__, "torch_threads": torch.get_num_threads()} if torch else {})}
 
 
 # -- output ----------------------------------------------------------------------

@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-import torch
-
 from ..api import DEFAULT_MODEL, load
 from ..errors import LeverError
 from . import arg_types
@@ -30,8 +28,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"],
                    help="compute dtype (default bfloat16)")
     p.add_argument("--kernels", default="native", choices=["native", "torch"],
-                   help="native: quantised matrices stay quantised and Lever's kernels multiply them "
-                        "(default); torch: dequantise them to --dtype and use torch matmul")
+                   help="native: the native decoder, quantised matrices stay quantised and Lever's kernels "
+                        "multiply them (default); torch: the torch reference, weights dequantised to --dtype, "
+                        "torch matmul (needs lever[torch])")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     add_cache_dir(p)
     flash = p.add_argument_group("flash-resident target")
@@ -108,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                             kv_tokens=_kv_tokens(args), max_read_bytes_per_s=args.read_limit)
     else:
         loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
-                      quantized=args.kernels == "native")
+                      kernels=args.kernels)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -125,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             raise LeverError(str(e)) from None
         if args.draft:
             drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
-                                   quantized=args.kernels == "native")
+                                   kernels=args.kernels)
         if mode == "lever":
             from ..policy import lever_policy
             from ..sampling import SamplingParams
@@ -226,13 +225,13 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
 def kernel_info(mode: str, model, drafter=None) -> dict:
     """Which matmul path ran, on which instruction set, and the weight bytes held in DRAM."""
     from .. import _native
-    from ..model.linear import resident_bytes
     info = {"mode": mode, "isa": _native.kernel_isa(), "threads": _native.get_num_threads()}
-    if isinstance(model, torch.nn.Module):
-        info["resident_weight_bytes"] = resident_bytes(model)
-    draft_model = getattr(drafter, "model", None)
-    if isinstance(draft_model, torch.nn.Module):
-        info["draft_resident_weight_bytes"] = resident_bytes(draft_model)
+    resident = getattr(model, "resident_weight_bytes", None)          # a model in DRAM (not a streamed store)
+    if resident is not None:
+        info["resident_weight_bytes"] = resident
+    draft_resident = getattr(getattr(drafter, "model", None), "resident_weight_bytes", None)
+    if draft_resident is not None:
+        info["draft_resident_weight_bytes"] = draft_resident
     return info
 
 

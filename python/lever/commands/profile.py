@@ -26,7 +26,8 @@ def add_parser(subparsers) -> None:
     add_dram_budget(p)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
     p.add_argument("--kernels", default="native", choices=["native", "torch"],
-                   help="native: quantised matrices stay quantised (default); torch: dequantise, torch matmul")
+                   help="native: the native decoder, quantised matrices stay quantised (default); "
+                        "torch: the torch reference, weights dequantised, torch matmul (needs lever[torch])")
     add_reader_options(p)
     p.add_argument("--max-n", type=arg_types.integer(1, MAX_TREE_NODES), default=256, metavar="N",
                    help=f"largest tree (tokens per target pass) to measure, 1..{MAX_TREE_NODES} (default 256)")
@@ -68,11 +69,11 @@ def run(args: argparse.Namespace) -> int:
                             max_read_bytes_per_s=read_limit)
     else:
         loaded = load(args.target or DEFAULT_MODEL, dtype=args.dtype, cache_dir=args.cache_dir,
-                      progress=progress, quantized=quantized)
+                      progress=progress, kernels=args.kernels)
     target = loaded.model
     try:
         draft = load(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress,
-                     quantized=quantized)
+                     kernels=args.kernels)
         key = profile_key(target, draft.model, target_id=loaded.path, draft_id=draft.path, kernels=args.kernels,
                           reader_backend=args.reader, read_limit_bytes_per_s=read_limit, dram_budget=budget,
                           dtype=args.dtype)

@@ -113,7 +113,7 @@ def load_target(args):
                             kv_tokens=max(2048, args.max_session_tokens), quantized=args.kernels == "native",
                             max_read_bytes_per_s=args.read_limit)
     else:
-        loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, quantized=args.kernels == "native")
+        loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels)
     return loaded, path.name if path.exists() else args.model
 
 

@@ -16,16 +16,16 @@ import time
 from datetime import datetime, timezone
 
 import numpy as np
-import torch
 
 from ..errors import ProfileError
-from ..model.decoder import causal_mask
+from ..masks import causal_mask
 from ..tree import TokenTree
 from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, DeviceProfile, Stage, check_grid
 
 IO_READS = 3                 # synchronous reads per streamed extent (median)
 OVERHEAD_NODES = 32          # tree size of the iteration-overhead measurement
 OVERHEAD_REPEATS = 20
+COMPACT_REPEATS = 3          # cache compactions timed per model (each after an untimed tree forward)
 
 
 def measure_settings(n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID, context_tokens: int = 128,
@@ -41,12 +41,14 @@ def measure_settings(n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID, conte
 
 def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID,
                     context_tokens: int = 128, repeats: int = 2, progress: bool = True) -> DeviceProfile:
-    """Measure `target` (a `Decoder` or `StreamedDecoder`) and `draft_model` (a
-    `Decoder`) on this device; `key` is stored in the profile as is.
+    """Measure `target` (a model in DRAM or a `StreamedDecoder`) and `draft_model`
+    (a model in DRAM) on this device; `key` is stored in the profile as is.
 
     Per grid point n the target runs `repeats` forwards of a random n-node
     tree (after one warm-up) and each stage keeps its median compute time;
     the draft likewise per frontier size.  Progress lines go to stderr.
+    Models speak the numpy model protocol (lever.model.loading) and have the
+    `stage_times` hook.
     """
     cfg = measure_settings(n_grid, draft_grid, context_tokens, repeats)
     n_grid, draft_grid, ctx, repeats = cfg["n_grid"], cfg["draft_grid"], cfg["context_tokens"], cfg["repeats"]
@@ -55,9 +57,10 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
     rng = np.random.default_rng(0)
     streamed = hasattr(target, "plan")
     io = _measure_io(target, say) if streamed else {}
-    times = _measure_target(target, n_grid, ctx, repeats, rng, say)
+    target_cache = _context_cache(target, ctx, max(n_grid[-1], OVERHEAD_NODES), rng)
+    times = _measure_target(target, target_cache, n_grid, repeats, rng, say)
     draft_s = forward_seconds(draft_model, draft_grid, ctx, repeats, rng, say)
-    overhead = _measure_overhead(target, draft_model, ctx, rng)
+    overhead = _measure_overhead(target, target_cache, draft_model, ctx, rng)
     say(f"profile: iteration overhead {overhead * 1e3:.2f} ms (a {OVERHEAD_NODES}-node tree)")
     stages = _stages(target, times, io, len(n_grid))
     return DeviceProfile(key=key, n_grid=n_grid, stages=stages, embed_s=times["embed"],
@@ -112,18 +115,21 @@ def random_tree(n: int, vocab: int, rng: np.random.Generator) -> TokenTree:
     return tree
 
 
-def _tree_forward(model, tree: TokenTree, cache) -> None:
+def _tree_forward(model, tree: TokenTree, cache, keep: bool = False) -> None:
+    """One forward of `tree` (logits of every node) after the cached rows;
+    its rows are truncated away again unless `keep`."""
     n_cached = cache.length
-    model(torch.from_numpy(tree.tokens()).long(), torch.from_numpy(tree.positions(n_cached)),
-          torch.from_numpy(tree.mask(n_cached)), cache)
-    cache.truncate(n_cached)
+    model(tree.tokens().astype(np.int64), tree.positions(n_cached), tree.mask(n_cached), cache)
+    if not keep:
+        cache.truncate(n_cached)
 
 
 def _context_cache(model, ctx: int, extra: int, rng: np.random.Generator):
     """A fresh cache holding `ctx` random tokens, with room for `extra` more."""
     cache = model.new_cache(capacity=ctx + extra)
-    tokens = torch.from_numpy(rng.integers(0, model.config.vocab_size, ctx)).long()
-    model(tokens, torch.arange(ctx), causal_mask(ctx, 0), cache)
+    tokens = rng.integers(0, model.config.vocab_size, ctx).astype(np.int64)
+    model(tokens, np.arange(ctx, dtype=np.int64), causal_mask(ctx, 0), cache,
+          logits_rows=np.array([ctx - 1], dtype=np.int64), head="argmax")
     return cache
 
 
@@ -136,10 +142,10 @@ def _timed_stages(model, tree: TokenTree, cache) -> list[tuple[str, float]]:
         model.stage_times = None
 
 
-def _measure_target(model, n_grid: list[int], ctx: int, repeats: int, rng, say) -> dict[str, list[float]]:
-    """{stage name: median compute seconds per n_grid point}, stages in pass order."""
+def _measure_target(model, cache, n_grid: list[int], repeats: int, rng, say) -> dict[str, list[float]]:
+    """{stage name: median compute seconds per n_grid point}, stages in pass
+    order; `cache` holds the context (room for n_grid[-1] more rows)."""
     vocab = model.config.vocab_size
-    cache = _context_cache(model, ctx, n_grid[-1], rng)
     _tree_forward(model, random_tree(n_grid[0], vocab, rng), cache)          # warm-up
     out: dict[str, list[float]] = {}
     for k, n in enumerate(n_grid):
@@ -172,39 +178,54 @@ def forward_seconds(model, grid: list[int], ctx: int, repeats: int, rng, say, la
     return out
 
 
-def _measure_overhead(target, draft_model, ctx: int, rng) -> float:
-    """Median seconds of one iteration's host work for an OVERHEAD_NODES-node tree:
-    tokens / positions / mask tensors, argmax of the logits, the acceptance
-    walk, and compaction of the target's and the draft's KV caches."""
+def _measure_overhead(target, target_cache, draft_model, ctx: int, rng) -> float:
+    """Seconds of one iteration's host work for an OVERHEAD_NODES-node tree:
+    the median of making the tokens / positions / mask arrays and walking the
+    tree over the target's argmax ids (OVERHEAD_REPEATS runs), plus the median
+    seconds of compacting the target's and the draft's KV caches to the
+    accepted path.  (The argmax itself is the target's head: a pass stage.)
+    `target_cache` holds `ctx` context rows."""
     n = OVERHEAD_NODES
-    vocab = target.config.vocab_size
-    tree = random_tree(n, vocab, rng)
-    logits = torch.randn(n, vocab)
-    # the target's tokens follow the path root -> deepest node, so the walk descends it
-    deepest = max(range(n), key=tree.depth)
+    tree = random_tree(n, target.config.vocab_size, rng)
+    choice = _deepest_path_choice(tree)
+    samples = []
+    for _ in range(OVERHEAD_REPEATS):
+        t0 = time.perf_counter()
+        tree.tokens().astype(np.int64), tree.positions(ctx), tree.mask(ctx)
+        accepted, _ = tree.walk(choice)
+        tree.compaction_indices(ctx, accepted)
+        samples.append(time.perf_counter() - t0)
+    keep = tree.compaction_indices(ctx, tree.walk(choice)[0])
+    draft_cache = _context_cache(draft_model, ctx, n, rng)
+    return statistics.median(samples) + sum(_compact_seconds(model, cache, tree, keep)
+                                            for model, cache in ((target, target_cache), (draft_model, draft_cache)))
+
+
+def _deepest_path_choice(tree: TokenTree) -> np.ndarray:
+    """Target tokens per node (int64 [n]) that lead the walk from the root to the deepest node."""
+    deepest = max(range(len(tree)), key=tree.depth)
     path = [deepest]
     while tree.parent(path[-1]) > 0:
         path.append(tree.parent(path[-1]))
-    choice = np.zeros(n, dtype=np.int64)
+    choice = np.zeros(len(tree), dtype=np.int64)
     node = 0
     for child in reversed(path):
         choice[node] = tree.token(child)
         node = child
-    caches = [target.new_cache(capacity=ctx + n), draft_model.new_cache(capacity=ctx + n)]
+    return choice
+
+
+def _compact_seconds(model, cache, tree: TokenTree, keep: np.ndarray) -> float:
+    """Median seconds of compacting `cache` (its context rows, then `tree`'s rows
+    from an untimed forward) to the rows `keep`, over COMPACT_REPEATS runs."""
+    n_cached = cache.length
     samples = []
-    for _ in range(OVERHEAD_REPEATS):
-        for c in caches:
-            c.truncate(0)
-            c.advance(ctx + n)
+    for _ in range(COMPACT_REPEATS):
+        _tree_forward(model, tree, cache, keep=True)
         t0 = time.perf_counter()
-        torch.from_numpy(tree.tokens()).long(), torch.from_numpy(tree.positions(ctx))
-        torch.from_numpy(tree.mask(ctx))
-        logits.argmax(-1).numpy()
-        accepted, _ = tree.walk(choice)
-        keep = torch.from_numpy(tree.compaction_indices(ctx, accepted))
-        for c in caches:
-            c.compact(keep)
+        cache.compact(keep)
         samples.append(time.perf_counter() - t0)
+        cache.truncate(n_cached)
     return statistics.median(samples)
 
 

@@ -26,9 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 from .. import _native
+from ..dtypes import dtype_name
 from ..errors import ProfileError
 from . import measure as _measure
 from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, VERSION, DeviceProfile, Stage
@@ -45,9 +44,11 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
                                     context_tokens=context_tokens, repeats=repeats, progress=progress)
 
 
-def _dtype_name(dtype) -> str:
-    from ..model.weights import parse_dtype
-    return str(parse_dtype(dtype)).removeprefix("torch.")
+def _torch_threads(kernels: str) -> int | None:
+    """torch's intra-op threads on the torch reference (kernels "torch", which
+    has loaded torch), else None: the native decoder never uses torch."""
+    torch = sys.modules.get("torch") if kernels == "torch" else None
+    return torch.get_num_threads() if torch is not None else None
 
 
 def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reader_backend: str,
@@ -65,7 +66,7 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
         raise ProfileError(f"kernels must be 'native' or 'torch', got {kernels!r}")
     streamed = hasattr(target, "plan")
     backend = {"kernels": kernels, "isa": _native.kernel_isa(), "native_threads": _native.get_num_threads(),
-               "torch_threads": torch.get_num_threads()}
+               "torch_threads": _torch_threads(kernels)}
     if streamed:
         r = target.reader.stats()
         backend.update(reader=reader_backend, reader_in_use=r["backend"], direct=bool(r["direct"]),
@@ -79,7 +80,7 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
         memory = {"dram_budget_bytes": None, "pinned": None, "prefetch_depth": 0}
         target_identity = model_identity(target_id)
     key = {"target": target_identity, "draft": model_identity(draft_id), "backend": backend,
-           "memory": memory, "dtype": _dtype_name(dtype), "machine": machine_identity()}
+           "memory": memory, "dtype": dtype_name(dtype), "machine": machine_identity()}
     return json.loads(json.dumps(key))          # plain JSON types, as read back from a file
 
 

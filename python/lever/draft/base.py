@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
+
+import numpy as np
 
 from ..sampling import SamplingParams
 from ..tree import TokenTree
@@ -43,9 +44,9 @@ class Drafter(Protocol):
         target's position-keyed noise (`seed`) to propose what the target will draw."""
 
     def draft_chain(self, root: int, k: int, params: SamplingParams,
-                    seed: int | None) -> tuple[TokenTree, torch.Tensor | None]:
+                    seed: int | None) -> tuple[TokenTree, np.ndarray | None]:
         """A chain of `k` draft tokens and, for sampling, the draft distributions
-        they were drawn from ([k, vocab]); None when the draft has none.  seed:
+        they were drawn from (float32 [k, vocab]); None when the draft has none.  seed:
         the sequence's sampling seed (position-keyed draws; None when greedy)."""
 
     def commit(self, tree: TokenTree, accepted: list[int], next_token: int) -> None:

@@ -24,10 +24,9 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
-import torch
 
 from ..autoregressive import prefill
-from ..sampling import SamplingParams, processed_probs, sample_at
+from ..sampling import SamplingParams, log_softmax, processed_probs, sample_at
 from ..tree import TokenTree
 from .base import TreeShape
 
@@ -54,7 +53,7 @@ class ModelDrafter:
         forwards if a run needs more."""
         self.cache = self.model.new_cache(capacity=capacity or len(prompt_ids) + 512)
         if len(prompt_ids) > 1:
-            prefill(self.model, prompt_ids[:-1], self.cache)
+            prefill(self.model, prompt_ids[:-1], self.cache, head="argmax")
         self.pending = []
         self.start_tree()
 
@@ -65,10 +64,10 @@ class ModelDrafter:
         self._committed = self.cache.length + len(self.pending)
         self._rows, self._order, self._tree_rows = {}, [], None
 
-    def _forward(self, tree: TokenTree, nodes: list[int]) -> torch.Tensor:
+    def _forward(self, tree: TokenTree, nodes: list[int]) -> np.ndarray:
         """Run `nodes` of `tree` (each one's ancestors already run) through the draft,
         appending their rows, after any pending tokens (the first forward of a
-        tree); returns the nodes' logits [len(nodes), vocab]."""
+        tree); returns the nodes' logits float32 [len(nodes), vocab]."""
         for i in nodes:
             self._rows[i] = len(self._order)
             self._order.append(i)
@@ -88,9 +87,7 @@ class ModelDrafter:
             positions = np.concatenate([np.arange(cached, n), positions])
             tokens = np.concatenate([np.asarray(self.pending, dtype=np.int64), tokens])
             self.pending = []
-        logits = self.model(torch.from_numpy(tokens), torch.from_numpy(positions), torch.from_numpy(mask),
-                            self.cache)
-        return logits[p:]
+        return self.model(tokens, positions, mask, self.cache, logits_rows=np.arange(p, len(tokens), dtype=np.int64))
 
     def expand(self, tree: TokenTree, nodes: list[int], topk: int, params: SamplingParams = SamplingParams(),
                seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -98,17 +95,17 @@ class ModelDrafter:
         [len(nodes), topk]) with their draft log-probs (float32, same shape).
         Rank 0 is the draft's own choice: its argmax when greedy, else its
         position-keyed draw (`sample_at` with the target's `seed`, the token
-        the target draws if the two agree); then the draft's top tokens."""
+        the target draws if the two agree); then the draft's top tokens, largest
+        log-prob first, equal log-probs in token order (`top_k_ids`)."""
         logits = self._forward(tree, nodes)
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        top_lp, top_tok = torch.topk(logprobs, topk, dim=-1)
+        logprobs = log_softmax(logits)
+        top_tok = top_k_ids(logprobs, topk)
         if not params.greedy:
             for row, node in enumerate(nodes):
                 drawn = sample_at(logits[row], params, seed, self._committed + int(tree.depth(node)) + 1)
-                order = [drawn] + [t for t in top_tok[row].tolist() if t != drawn][:topk - 1]
-                top_tok[row] = torch.tensor(order)
-                top_lp[row] = logprobs[row, order]
-        return top_tok.numpy().astype(np.int32), top_lp.numpy().astype(np.float32)
+                top_tok[row] = [drawn] + [t for t in top_tok[row].tolist() if t != drawn][:top_tok.shape[1] - 1]
+        top_lp = np.take_along_axis(logprobs, top_tok, axis=-1)
+        return top_tok.astype(np.int32), top_lp.astype(np.float32)
 
     def use_tree(self, tree: TokenTree, drafted_index: np.ndarray) -> None:
         """The tree to verify is a subtree of the drafted one: node i of it is
@@ -153,11 +150,11 @@ class ModelDrafter:
         return tree
 
     def draft_chain(self, root: int, k: int, params: SamplingParams,
-                    seed: int | None) -> tuple[TokenTree, torch.Tensor | None]:
+                    seed: int | None) -> tuple[TokenTree, np.ndarray | None]:
         """A chain of `k` draft tokens: the draft's argmax when greedy, else the
         draft's own position-keyed draw (`sample_at` with the target's `seed`),
         so a draft close to the target proposes the very token the target will
-        draw.  Returns the draft distributions q too ([k, vocab]) when sampling."""
+        draw.  Returns the draft distributions q too (float32 [k, vocab]) when sampling."""
         self.start_tree()
         tree = TokenTree(root)
         probs = []
@@ -165,13 +162,13 @@ class ModelDrafter:
             logits = self._forward(tree, [i])[0]
             tok = sample_at(logits, params, seed, self._committed + i + 1)
             if params.greedy:
-                lp = float(torch.log_softmax(logits.float(), -1)[tok])
+                lp = float(log_softmax(logits)[tok])
             else:
                 q = processed_probs(logits, params)
                 probs.append(q)
-                lp = float(torch.log(q[tok]))
+                lp = float(np.log(q[tok]))
             tree.add(i, tok, lp)
-        return tree, (torch.stack(probs) if probs else None)
+        return tree, (np.stack(probs) if probs else None)
 
     # -- after verification -------------------------------------------------------------
 
@@ -186,6 +183,23 @@ class ModelDrafter:
             raise RuntimeError("draft rows missing inside the accepted path")
         if self._order:
             n = self._committed
-            self.cache.compact(torch.cat([torch.arange(n), n + torch.tensor(keep, dtype=torch.long)]))
+            self.cache.compact(np.concatenate([np.arange(n, dtype=np.int64), n + np.asarray(keep, dtype=np.int64)]))
         self.pending.extend(tree.token(j) for j in missing)
         self.start_tree()
+
+
+def top_k_ids(rows: np.ndarray, k: int) -> np.ndarray:
+    """Each row's `k` largest entries (at most the row's length): int64 ids
+    [R, k], largest first, equal values in index order -- so column 0 is the
+    row's argmax (its first maximum), and the result never depends on how a
+    partition happened to break ties."""
+    k = min(k, rows.shape[-1])
+    part = np.argpartition(rows, -k, axis=-1)[:, -k:]                  # the k largest, in any order
+    vals = np.take_along_axis(rows, part, axis=-1)
+    top = np.take_along_axis(part, np.lexsort((part, -vals), axis=-1), axis=-1)
+    kth = vals.min(axis=-1, keepdims=True)
+    # rows where the k-th value ties with entries the partition left out: take the lowest ids
+    for r in np.flatnonzero((rows == kth).sum(axis=-1) > (vals == kth).sum(axis=-1)):
+        ids = np.flatnonzero(rows[r] >= kth[r])
+        top[r] = ids[np.argsort(-rows[r, ids], kind="stable")[:k]]
+    return top

@@ -6,7 +6,6 @@ sibling (SmolLM2-135M)."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..sampling import SamplingParams
 from ..tree import TokenTree
@@ -57,7 +56,7 @@ class NgramDrafter:
         return tree
 
     def draft_chain(self, root: int, k: int, params: SamplingParams,
-                    seed: int | None) -> tuple[TokenTree, torch.Tensor | None]:
+                    seed: int | None) -> tuple[TokenTree, np.ndarray | None]:
         tree = TokenTree(root)
         conts = self._continuations(k, 1)
         for i, tok in enumerate(conts[0] if conts else []):

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from ..errors import ModelFormatError, UnsupportedModelError
 from .config import SUPPORTED_ARCHS, ModelConfig, checked_config
 from .decoder import Decoder
-from .weights import build_decoder
+from .weights import build_decoder, parse_dtype
 
 
 def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
@@ -78,7 +78,9 @@ def checkpoint_tensors(directory: Path, cfg: ModelConfig) -> Iterator[tuple[str,
                 yield name, st.get_tensor(key)
 
 
-def load_checkpoint_model(directory, dtype: torch.dtype = torch.bfloat16) -> Decoder:
+def load_checkpoint_model(directory, dtype: str | torch.dtype = torch.bfloat16) -> Decoder:
+    """A torch Decoder computing in `dtype` from a checkpoint directory."""
+    dtype = parse_dtype(dtype)
     d = Path(directory)
     cfg_path = d / "config.json"
     if not cfg_path.is_file():

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..masks import causal_mask  # noqa: F401 (re-exported: the masks are numpy, torch-free)
 from .config import ModelConfig
 from .attention import attend
 from .kv_cache import KVCache
@@ -142,7 +143,8 @@ class Decoder(nn.Module):
                 cache: KVCache, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Run `T` new tokens through the model and append them to `cache`.
 
-        tokens, positions: int64 [T].  mask: bool [T, cache.length + T], True
+        tokens, positions: int64 [T].  mask: bool [T, cache.length + T] (a
+        torch tensor or a numpy array, as `causal_mask` makes), True
         where a new token may attend to a cached row (first `cache.length`
         columns) or to a new token (last T columns).  `logits_rows` picks the
         rows whose logits are wanted (default: all).  Returns float32 logits
@@ -152,6 +154,7 @@ class Decoder(nn.Module):
             return self._forward(tokens, positions, mask, cache, logits_rows)
 
     def _forward(self, tokens, positions, mask, cache, logits_rows):
+        mask = torch.as_tensor(mask)
         t = tokens.shape[0]
         if mask.shape != (t, cache.length + t):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({t}, {cache.length + t})")
@@ -181,7 +184,3 @@ def lap(times: list, stage: str, t0: float) -> float:
     times.append((stage, now - t0))
     return now
 
-
-def causal_mask(n_new: int, n_cached: int) -> torch.Tensor:
-    """Bool mask [n_new, n_cached + n_new]: every token sees the cache and the tokens before it."""
-    return torch.ones(n_new, n_cached + n_new, dtype=torch.bool).tril(diagonal=n_cached)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _native, quant
+from ..dtypes import dtype_name
 
 _MATMUL_TYPES = frozenset(_native.matmul_types())
 
@@ -59,11 +60,11 @@ class QuantTensor:
         return self.nbytes // self.shape[0]
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        return quant.dequantize(self.raw, self.qtype, self.shape, dtype)
+        return dequantize_tensor(self.raw, self.qtype, self.shape, dtype)
 
-    def permute_rows(self, order: torch.Tensor) -> "QuantTensor":
+    def permute_rows(self, order: np.ndarray) -> "QuantTensor":
         """A copy with row i taken from row order[i] (rows are whole blocks)."""
-        rows = self.raw.reshape(self.shape[0], self.row_bytes)[order.numpy()]
+        rows = self.raw.reshape(self.shape[0], self.row_bytes)[np.asarray(order)]
         return QuantTensor(np.ascontiguousarray(rows).reshape(-1), self.qtype, self.shape)
 
     def embedding_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -74,6 +75,15 @@ class QuantTensor:
         for i, tok in enumerate(ids.tolist()):
             _native.dequantize(rows[tok], self.qtype, dst[i])
         return out
+
+
+def dequantize_tensor(raw, qtype: int, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`lever.quant.dequantize` as a torch tensor of `dtype` (torch.float32 or
+    torch.bfloat16), wrapping the numpy result without a copy."""
+    out = quant.dequantize(raw, qtype, shape, dtype_name(dtype))
+    if out.dtype == np.uint16:
+        return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(out)
 
 
 def numpy_view(t: torch.Tensor) -> np.ndarray:

@@ -12,6 +12,7 @@ from typing import Iterable
 
 import torch
 
+from ..dtypes import dtype_name
 from ..errors import ModelFormatError
 from .config import ModelConfig
 from .decoder import Decoder
@@ -60,17 +61,7 @@ def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
     setattr(_module_of(model, name), name.rsplit(".", 1)[-1], torch.nn.Parameter(tensor, requires_grad=False))
 
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-
-
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    """'bf16' / 'bfloat16' / 'fp32' / 'float32' (or a torch dtype) -> torch dtype."""
-    if isinstance(name, torch.dtype):
-        if name in (torch.float32, torch.bfloat16):
-            return name
-        raise ValueError(f"unsupported compute dtype {name} (use float32 or bfloat16)")
-    try:
-        return DTYPES[name.lower()]
-    except KeyError:
-        raise ValueError(f"unsupported compute dtype {name!r} (use float32 or bfloat16)") from None
+    """'bf16' / 'bfloat16' / 'fp32' / 'float32' (or a torch dtype) -> torch dtype
+    (see lever.dtypes.dtype_name; anything else raises ValueError)."""
+    return getattr(torch, dtype_name(name))

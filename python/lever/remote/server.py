@@ -48,7 +48,8 @@ KEEPALIVE_S = 75.0          # an idle keep-alive connection is closed after this
 
 
 class VerifierServer:
-    """Hosts `model` (a Decoder or StreamedDecoder) for edge clients.
+    """Hosts `model` (a model of the numpy protocol, lever.model.loading, or a
+    StreamedDecoder) for edge clients.
 
     model_name: what /v1/info reports; token: the bearer token (None: no
     authentication -- loopback only, enforced by the command);

@@ -20,13 +20,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from .. import quant
 from ..errors import StoreError, UnsupportedModelError
 from ..model.gguf_file import GGUFFile
-from ..model.gguf_loader import LAYER_TENSOR_NAMES, config_from_gguf, unpermute_qk
+from ..model.gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, qk_row_order
 from ..model.registry import resolve_model
 from .flash_reader import chunk_checksums
 from .manifest import (ALIGNMENT, CHUNK_BYTES, STORAGE_FORMATS, TENSOR_ALIGNMENT, TOKENIZER, WEIGHTS, Extent,
@@ -76,11 +75,6 @@ class _StoreWriter:
         self.f.close()
 
 
-def _row_permutation(rows: int, n_heads: int) -> np.ndarray:
-    """Row order that undoes llama.cpp's q/k permutation (see gguf_loader.unpermute_qk)."""
-    return unpermute_qk(torch.arange(rows)[:, None], n_heads)[:, 0].numpy()
-
-
 def _stored(g: GGUFFile, gguf_name: str, storage: str, perm_heads: int | None,
             rows: tuple[int, int] | None = None) -> tuple[int, tuple[int, ...], np.ndarray]:
     """(qtype, shape, bytes) of one tensor in the store's format, rows optionally sliced."""
@@ -93,18 +87,16 @@ def _stored(g: GGUFFile, gguf_name: str, storage: str, perm_heads: int | None,
     raw = g.raw(gguf_name).reshape(n_rows, -1) if len(shape) > 1 else g.raw(gguf_name)[None, :]
     if perm_heads is not None:
         if len(shape) == 1:     # a bias: permute its elements like rows
-            vals = quant.dequantize(raw, info.qtype, shape, torch.float32)
-            vals = unpermute_qk(vals, perm_heads)
-            return 0, shape, vals.numpy()
-        raw = raw[_row_permutation(n_rows, perm_heads)]
+            vals = quant.dequantize(raw, info.qtype, shape, "float32")
+            return 0, shape, vals[qk_row_order(shape[0], perm_heads)]
+        raw = raw[qk_row_order(n_rows, perm_heads)]
     if rows is not None:
         raw = raw[rows[0]:rows[1]]
         shape = (rows[1] - rows[0],) + tuple(shape[1:])
     raw = np.ascontiguousarray(raw)
     if storage == "source" or info.qtype in (0, BF16) or len(shape) == 1:
         return info.qtype, tuple(shape), raw
-    w = quant.dequantize(raw, info.qtype, shape, torch.bfloat16)
-    return BF16, tuple(shape), w.view(torch.int16).numpy()
+    return BF16, tuple(shape), quant.dequantize(raw, info.qtype, shape, "bfloat16")
 
 
 _ROW_GROUP = 64   # head parts hold a multiple of this many rows: matrix-vector kernels

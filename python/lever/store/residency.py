@@ -1,13 +1,13 @@
 """The DRAM budget: which extents of a store stay pinned in memory, which are
 streamed from flash every pass, and what the fixed costs are.
 
-Fixed costs (bytes): the final norm, one dequantisation workspace (room for
-the largest extent's tensors that are not used in place, in the compute
-dtype: see `workspace_elements`), the KV cache for `kv_tokens` tokens,
+Fixed costs (bytes): the final norm, the KV cache for `kv_tokens` tokens,
 a cache of embedding rows, and -- unless everything is pinned -- a ring of
 `prefetch_depth` read buffers as large as the largest streamed extent.
 Pinned extents are kept in their stored (possibly quantised) form and are
-used exactly like streamed ones: in place, or dequantised into the workspace.
+used exactly like streamed ones: in place, by the native decoder (which
+multiplies the kernel block types and dense F32/F16/BF16 matrices directly,
+so no dequantisation workspace is needed).
 
 Pinning order: the head parts, then decoder layers from the last one down.
 Pinning the tail of the pass lets the reader fetch the first streamed layers
@@ -111,51 +111,29 @@ def _pin_order(m: StoreManifest) -> list[Extent]:
     return list(reversed(m.head_parts)) + list(reversed(m.layers))
 
 
-IN_PLACE_QTYPE = {2: 30, 4: 0}       # compute dtype bytes -> the ggml type used in place (bf16, f32)
-
-
-def used_in_place(t, dtype_bytes: int, quantized: bool) -> bool:
-    """Whether tensor `t` of an extent is used straight from its read buffer:
-    a matrix stored in the compute dtype, or (with `quantized`) in a block type
-    the native kernels multiply. Everything else is dequantised."""
-    from ..model.linear import has_kernel
-    if len(t.shape) != 2:
-        return False
-    return t.qtype == IN_PLACE_QTYPE.get(dtype_bytes) or (quantized and has_kernel(t.qtype))
-
-
-def workspace_elements(m: StoreManifest, dtype_bytes: int, quantized: bool) -> int:
-    """Elements of the dequantisation workspace: the most any one extent dequantises."""
-    return max(sum(_elements(t.shape) for t in e.tensors if not used_in_place(t, dtype_bytes, quantized))
-               for e in pass_order(m))
-
-
 def fixed_costs(m: StoreManifest, dtype_bytes: int, kv_tokens: int, embed_cache_rows: int,
-                quantized: bool = False) -> dict[str, int]:
+                quantized: bool = True) -> dict[str, int]:
+    """Bytes that do not depend on what is pinned: the final norm (globals), the KV
+    cache for `kv_tokens` tokens of `dtype_bytes` per element, and a cache of
+    `embed_cache_rows` embedding rows in their stored form.  quantized: accepted
+    for older callers, changes nothing (no dequantisation workspace)."""
     cfg = m.config
-    workspace = workspace_elements(m, dtype_bytes, quantized) * dtype_bytes
+    t = m.embedding_parts[0].tensors[0]
     return {
         "globals": m.globals.length,
-        "workspace": workspace,
         "kv_cache": kv_tokens * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * dtype_bytes,
-        "embedding_rows": embed_cache_rows * cfg.hidden_size * dtype_bytes,
+        "embedding_rows": embed_cache_rows * (t.nbytes // t.shape[0]),
     }
 
 
-def _elements(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def plan_residency(m: StoreManifest, budget: int, dtype_bytes: int = 2, kv_tokens: int = 2048,
-                   prefetch_depth: int = 2, embed_cache_rows: int = 4096, quantized: bool = False) -> ResidencyPlan:
+                   prefetch_depth: int = 2, embed_cache_rows: int = 4096, quantized: bool = True) -> ResidencyPlan:
     """Pin as many extents as `budget` bytes allow; raise DramBudgetError below the minimum.
-    quantized: the native kernels use kernel-ready matrices in place (no workspace for them)."""
+    dtype_bytes: bytes per KV cache element.  quantized: accepted for older callers;
+    every matrix is used in place from its buffer, so it changes nothing."""
     if prefetch_depth < 1:
         raise DramBudgetError(f"prefetch depth must be at least 1, got {prefetch_depth}")
-    fixed = fixed_costs(m, dtype_bytes, kv_tokens, embed_cache_rows, quantized)
+    fixed = fixed_costs(m, dtype_bytes, kv_tokens, embed_cache_rows)
     base = sum(fixed.values())
     order = _pin_order(m)
     everything = base + sum(e.length for e in order)

@@ -10,7 +10,7 @@ Sampling draws the target's token at each position from (the sequence's
 seed, the position) alone (lever.sampling.sample_at), so the text depends
 only on the seed and the prompt -- the same here and on a verifier server,
 after a server restart, and in plain decoding.  (The Leviathan baseline's
-uniforms come from a generator seeded per round from (seed, root position).)
+uniforms come from a numpy generator seeded per round from (seed, root position).)
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-import torch
+import numpy as np
 
 from ..errors import LeverError
 from ..autoregressive import PREFILL_CHUNK, prefill_chunk
-from ..sampling import SamplingParams, resolve_seed
+from ..sampling import SamplingParams, head_for, resolve_seed
 from ..tree import TokenTree
 from .rules import verify_chain_leviathan, verify_greedy, verify_position_draws
 
@@ -104,14 +104,15 @@ class TargetVerifier:
         self.cache.truncate(0)
         body = list(prompt_ids[:-1])
         for start in range(0, len(body), chunk_tokens):
-            prefill_chunk(self.target, body[start:start + chunk_tokens], start, self.cache)
+            prefill_chunk(self.target, body[start:start + chunk_tokens], start, self.cache, head="argmax")
             yield start + len(body[start:start + chunk_tokens])
         self.root = int(prompt_ids[-1])
 
-    def verify(self, tree: TokenTree, draft_probs: torch.Tensor | None = None) -> Verdict:
+    def verify(self, tree: TokenTree, draft_probs: np.ndarray | None = None) -> Verdict:
         """Score `tree` (node 0 = the root), apply the exact rule and commit.
+        Greedy asks the target for its argmax ids only (head="argmax").
         draft_probs: for a chain drawn by sampling, q of each drafted token's
-        position ([k, vocab]) -- the conventional Leviathan rule, asked for by
+        position (float32 [k, vocab]) -- the conventional Leviathan rule, asked for by
         `SpecConfig(rule="leviathan")`; otherwise the rule is the greedy walk
         or the position-keyed draws, which need no draft distribution."""
         if self.root is None:
@@ -121,19 +122,18 @@ class TargetVerifier:
         t0 = time.perf_counter()
         n = self.cache.length
         stall0, bytes0 = io_counters(self.target)
-        logits = self.target(torch.from_numpy(tree.tokens()).long(), torch.from_numpy(tree.positions(n)),
-                             torch.from_numpy(tree.mask(n)), self.cache)
+        out = self.target(tree.tokens().astype(np.int64), tree.positions(n), tree.mask(n), self.cache,
+                          head=head_for(self.params))
         stall1, bytes1 = io_counters(self.target)
         t1 = time.perf_counter()
         if self.params.greedy:
-            accepted, next_token = verify_greedy(tree, logits)
+            accepted, next_token = verify_greedy(tree, out)
         elif draft_probs is not None:
-            generator = torch.Generator()
-            generator.manual_seed(round_seed(self.seed, n))
-            accepted, next_token = verify_chain_leviathan(tree, logits, draft_probs, self.params, generator)
+            rng = np.random.default_rng(round_seed(self.seed, n))
+            accepted, next_token = verify_chain_leviathan(tree, out, draft_probs, self.params, rng)
         else:
-            accepted, next_token = verify_position_draws(tree, logits, self.params, self.seed, n)
-        self.cache.compact(torch.from_numpy(tree.compaction_indices(n, accepted)))
+            accepted, next_token = verify_position_draws(tree, out, self.params, self.seed, n)
+        self.cache.compact(tree.compaction_indices(n, accepted))
         self.root = int(next_token)
         self.calls += 1
         return Verdict(accepted, int(next_token), verify_s=t1 - t0, stall_s=stall1 - stall0,

@@ -1,0 +1,364 @@
+// pybind11 glue for the native model core (csrc/model): argument checks and
+// conversions only. std::invalid_argument reaches Python as ValueError,
+// std::runtime_error (KV cache overflow) as RuntimeError.
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/buffers.h"
+#include "model/decoder_layer.h"
+#include "model/head.h"
+#include "model/kv_cache.h"
+#include "model/layer_layout.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using lever::ElemType;
+using lever::KVCache;
+using lever::LayerLayout;
+using lever::NativeModel;
+using lever_bindings::base_format;
+
+// ---------------------------------------------------------------------------
+// Buffer checks
+
+struct Bytes {
+  const uint8_t* data;
+  size_t n;  // bytes
+};
+
+// A 1-D C-contiguous uint8 buffer.
+Bytes uint8_bytes(const py::buffer& b, const char* what) {
+  const py::buffer_info info = b.request();
+  if (info.itemsize != 1 || base_format(info) != "B" || info.ndim != 1 ||
+      (info.shape[0] > 1 && info.strides[0] != 1)) {
+    throw py::value_error(std::string(what) + " must be a contiguous 1-D uint8 array, got format '" +
+                          info.format + "' with " + std::to_string(info.ndim) + " dimensions");
+  }
+  return {static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size)};
+}
+
+struct F32Matrix {
+  float* data;
+  size_t rows, cols, stride;  // stride: elements between rows
+};
+
+// A 2-D float32 array with contiguous rows (the row stride may be larger).
+F32Matrix f32_matrix(const py::buffer& b, const char* what, bool writable) {
+  const py::buffer_info info = b.request();
+  if (info.ndim != 2 || info.itemsize != 4 || base_format(info) != "f") {
+    throw py::value_error(std::string(what) + " must be a 2-D float32 array");
+  }
+  if (writable && info.readonly) throw py::value_error(std::string(what) + " must be writable");
+  if (info.shape[1] > 1 && info.strides[1] != 4) {
+    throw py::value_error(std::string(what) + " rows must be contiguous");
+  }
+  const auto rows = static_cast<size_t>(info.shape[0]), cols = static_cast<size_t>(info.shape[1]);
+  size_t stride = cols;
+  if (rows > 1) {
+    if (info.strides[0] < 0 || info.strides[0] % 4 != 0 ||
+        static_cast<size_t>(info.strides[0]) / 4 < cols) {
+      throw py::value_error(std::string(what) + " has an unsupported row stride");
+    }
+    stride = static_cast<size_t>(info.strides[0]) / 4;
+  }
+  return {static_cast<float*>(info.ptr), rows, cols, stride};
+}
+
+void require_shape(const F32Matrix& m, size_t rows, size_t cols, const char* what) {
+  if (m.rows != rows || m.cols != cols) {
+    throw py::value_error(std::string(what) + " has shape (" + std::to_string(m.rows) + ", " +
+                          std::to_string(m.cols) + "), expected (" + std::to_string(rows) + ", " +
+                          std::to_string(cols) + ")");
+  }
+}
+
+// A 1-D contiguous array of `itemsize`-byte elements of one of `formats`.
+template <typename T>
+std::pair<T*, size_t> vector_of(const py::buffer& b, const char* what, const char* formats,
+                                const char* dtype, bool writable) {
+  const py::buffer_info info = b.request();
+  const std::string f = base_format(info);
+  if (info.ndim != 1 || info.itemsize != static_cast<py::ssize_t>(sizeof(T)) || f.size() != 1 ||
+      std::string(formats).find(f[0]) == std::string::npos ||
+      (info.shape[0] > 1 && info.strides[0] != info.itemsize)) {
+    throw py::value_error(std::string(what) + " must be a contiguous 1-D " + dtype + " array");
+  }
+  if (writable && info.readonly) throw py::value_error(std::string(what) + " must be writable");
+  return {static_cast<T*>(info.ptr), static_cast<size_t>(info.size)};
+}
+
+std::pair<const int64_t*, size_t> int64_vector(const py::buffer& b, const char* what) {
+  auto v = vector_of<int64_t>(b, what, "lq", "int64", false);
+  return {v.first, v.second};
+}
+
+ElemType parse_dtype(const std::string& dtype) {
+  if (dtype == "float32") return ElemType::kF32;
+  if (dtype == "bfloat16") return ElemType::kBF16;
+  throw py::value_error("dtype must be 'float32' or 'bfloat16', got '" + dtype + "'");
+}
+
+size_t non_negative(int64_t n, const char* what) {
+  if (n < 0) throw py::value_error(std::string(what) + " must be >= 0, got " + std::to_string(n));
+  return static_cast<size_t>(n);
+}
+
+// ---------------------------------------------------------------------------
+// KVCache
+
+std::unique_ptr<KVCache> make_cache(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim,
+                                    int64_t capacity, const std::string& dtype) {
+  return std::make_unique<KVCache>(non_negative(n_layers, "n_layers"),
+                                   non_negative(n_kv_heads, "n_kv_heads"),
+                                   non_negative(head_dim, "head_dim"),
+                                   non_negative(capacity, "capacity"), parse_dtype(dtype));
+}
+
+void cache_compact(KVCache& cache, const py::buffer& keep) {
+  const auto k = int64_vector(keep, "keep");
+  cache.compact(k.first, k.second);
+}
+
+py::tuple cache_layer_rows(const KVCache& cache, int64_t layer) {
+  const size_t l = non_negative(layer, "layer");
+  if (l >= cache.n_layers()) throw py::value_error("layer index out of range");
+  const auto h = static_cast<py::ssize_t>(cache.n_kv_heads());
+  const auto n = static_cast<py::ssize_t>(cache.length());
+  const auto d = static_cast<py::ssize_t>(cache.head_dim());
+  py::array_t<float> k({h, n, d}), v({h, n, d});
+  cache.read_rows(l, k.mutable_data(), v.mutable_data());
+  return py::make_tuple(k, v);
+}
+
+// ---------------------------------------------------------------------------
+// LayerLayout
+
+std::unique_ptr<LayerLayout> make_layout(const py::sequence& entries) {
+  std::vector<lever::TensorEntry> out;
+  for (const py::handle& item : entries) {
+    const auto t = item.cast<py::tuple>();
+    if (t.size() != 4) {
+      throw py::value_error("a layout entry is (name, offset, ggml type, shape)");
+    }
+    lever::TensorEntry e;
+    e.name = t[0].cast<std::string>();
+    e.offset = non_negative(t[1].cast<int64_t>(), "offset");
+    e.type = t[2].cast<int>();
+    for (const py::handle& dim : t[3].cast<py::sequence>()) {
+      e.shape.push_back(non_negative(dim.cast<int64_t>(), "shape"));
+    }
+    out.push_back(std::move(e));
+  }
+  return std::make_unique<LayerLayout>(std::move(out));
+}
+
+py::list layout_entries(const LayerLayout& layout) {
+  py::list out;
+  for (const lever::TensorEntry& e : layout.entries()) {
+    out.append(py::make_tuple(e.name, e.offset, e.type, py::tuple(py::cast(e.shape))));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// NativeModel
+
+std::unique_ptr<NativeModel> make_model(int64_t hidden, int64_t n_heads, int64_t n_kv_heads,
+                                        int64_t head_dim, int64_t intermediate, float rms_eps,
+                                        float rope_theta) {
+  const lever::LayerDims dims{non_negative(hidden, "hidden"), non_negative(n_heads, "n_heads"),
+                              non_negative(n_kv_heads, "n_kv_heads"),
+                              non_negative(head_dim, "head_dim"),
+                              non_negative(intermediate, "intermediate")};
+  return std::make_unique<NativeModel>(dims, rms_eps, rope_theta);
+}
+
+void model_check_layout(const NativeModel& model, const LayerLayout& layout, int64_t nbytes) {
+  model.check_layout(layout, non_negative(nbytes, "buffer_nbytes"));
+}
+
+void model_begin_pass(NativeModel& model, const py::buffer& positions, const py::buffer& mask,
+                      const KVCache& cache) {
+  const auto pos = int64_vector(positions, "positions");
+  const py::buffer_info m = mask.request();
+  if (m.ndim != 2 || m.itemsize != 1 || base_format(m) != "?") {
+    throw py::value_error("mask must be a 2-D bool array");
+  }
+  const auto rows = static_cast<size_t>(m.shape[0]), cols = static_cast<size_t>(m.shape[1]);
+  if ((cols > 1 && m.strides[1] != 1) || (rows > 1 && static_cast<size_t>(m.strides[0]) != cols)) {
+    throw py::value_error("mask must be C-contiguous");
+  }
+  if (rows != pos.second) {
+    throw py::value_error("mask has " + std::to_string(rows) + " rows but there are " +
+                          std::to_string(pos.second) + " positions");
+  }
+  model.begin_pass(pos.first, pos.second, static_cast<const uint8_t*>(m.ptr), cols, cache);
+}
+
+void model_layer(NativeModel& model, const py::buffer& x, const LayerLayout& layout,
+                 const py::buffer& buffer, KVCache& cache, int64_t layer_index) {
+  const F32Matrix xm = f32_matrix(x, "x", true);
+  require_shape(xm, xm.rows, model.dims().hidden, "x");
+  if (xm.rows > 1 && xm.stride != xm.cols) throw py::value_error("x must be C-contiguous");
+  const Bytes w = uint8_bytes(buffer, "buffer");
+  const size_t li = non_negative(layer_index, "layer_index");
+  py::gil_scoped_release no_gil;
+  model.layer(xm.data, xm.rows, layout, w.data, w.n, cache, li);
+}
+
+void model_embed(const NativeModel& model, const py::buffer& table, int qtype, int64_t n_rows,
+                 const py::buffer& ids, const py::buffer& out) {
+  const Bytes t = uint8_bytes(table, "table");
+  const auto id = int64_vector(ids, "ids");
+  const F32Matrix o = f32_matrix(out, "out", true);
+  require_shape(o, id.second, model.dims().hidden, "out");
+  const size_t n = non_negative(n_rows, "n_rows");
+  py::gil_scoped_release no_gil;
+  lever::embed_rows(t.data, t.n, qtype, n, model.dims().hidden, id.first, id.second, o.data,
+                    o.stride);
+}
+
+void model_rms_norm(const NativeModel& model, const py::buffer& x, const py::buffer& weight,
+                    const py::buffer& out) {
+  const F32Matrix xm = f32_matrix(x, "x", false);
+  const F32Matrix o = f32_matrix(out, "out", true);
+  const size_t H = model.dims().hidden;
+  require_shape(xm, xm.rows, H, "x");
+  require_shape(o, xm.rows, H, "out");
+  const auto w = vector_of<float>(weight, "weight", "f", "float32", false);
+  if (w.second != H) throw py::value_error("weight must have hidden = " + std::to_string(H) + " values");
+  py::gil_scoped_release no_gil;
+  lever::rms_norm_rows(xm.data, xm.rows, H, xm.stride, w.first, model.rms_eps(), o.data, o.stride);
+}
+
+// ---------------------------------------------------------------------------
+// Head
+
+void linear(const py::buffer& x, const py::buffer& w, int qtype, int64_t n_rows,
+            const py::buffer& out) {
+  const F32Matrix xm = f32_matrix(x, "x", false);
+  const Bytes wb = uint8_bytes(w, "w");
+  const F32Matrix o = f32_matrix(out, "out", true);
+  const size_t N = non_negative(n_rows, "n_rows");
+  require_shape(o, xm.rows, N, "out");
+  py::gil_scoped_release no_gil;
+  lever::linear_rows(xm.data, xm.rows, xm.cols, xm.stride, wb.data, wb.n, qtype, N, o.data,
+                     o.stride);
+}
+
+void argmax_update(const py::buffer& h, const py::buffer& w, int qtype, int64_t n_rows,
+                   int64_t row_offset, const py::buffer& best_val, const py::buffer& best_idx) {
+  const F32Matrix hm = f32_matrix(h, "h", false);
+  const Bytes wb = uint8_bytes(w, "w");
+  const auto bv = vector_of<float>(best_val, "best_val", "f", "float32", true);
+  const auto bi = vector_of<int64_t>(best_idx, "best_idx", "lq", "int64", true);
+  if (bv.second != hm.rows || bi.second != hm.rows) {
+    throw py::value_error("best_val and best_idx must have one entry per row of h (" +
+                          std::to_string(hm.rows) + ")");
+  }
+  const size_t N = non_negative(n_rows, "n_rows");
+  py::gil_scoped_release no_gil;
+  lever::argmax_update(hm.data, hm.rows, hm.cols, hm.stride, wb.data, wb.n, qtype, N, row_offset,
+                       bv.first, bi.first);
+}
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<KVCache>(m, "KVCache", R"doc(Key/value cache of one sequence, every layer.
+
+KVCache(n_layers, n_kv_heads, head_dim, capacity, dtype='float32'|'bfloat16').
+Storage [layer][kv_head][capacity][head_dim] for keys and values; rows
+[0, length) are committed. Units: rows = tokens, nbytes = bytes.)doc")
+      .def(py::init(&make_cache), py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"),
+           py::arg("capacity"), py::arg("dtype") = "float32")
+      .def_property_readonly("length", &KVCache::length, "Rows (tokens) committed.")
+      .def_property_readonly("capacity", &KVCache::capacity, "Rows held without reallocating.")
+      .def_property_readonly("nbytes", &KVCache::nbytes, "Bytes allocated for keys and values.")
+      .def_property_readonly("n_layers", &KVCache::n_layers)
+      .def_property_readonly("n_kv_heads", &KVCache::n_kv_heads)
+      .def_property_readonly("head_dim", &KVCache::head_dim)
+      .def_property_readonly("dtype", [](const KVCache& c) {
+        return std::string(c.dtype() == ElemType::kF32 ? "float32" : "bfloat16");
+      })
+      .def_property_readonly("rows_moved", &KVCache::rows_moved,
+                             "Rows moved by compact() so far (a counter for tests).")
+      .def("truncate", [](KVCache& c, int64_t n) {
+             if (n < 0) throw py::value_error("cannot truncate to " + std::to_string(n) + " rows");
+             c.truncate(static_cast<size_t>(n));
+           }, py::arg("n"), "Keep the first n rows (0 <= n <= length; ValueError otherwise).")
+      .def("reserve", [](KVCache& c, int64_t n) { c.reserve(non_negative(n, "n_rows")); },
+           py::arg("n_rows"),
+           "Room for at least n_rows rows: grows to max(n_rows, 2 * capacity), copying only committed rows.")
+      .def("compact", &cache_compact, py::arg("keep"),
+           "Keep rows keep (int64, strictly increasing, < length), moved to the front; "
+           "only rows with keep[i] != i are copied. ValueError for a bad keep.")
+      .def("layer_rows", &cache_layer_rows, py::arg("layer"),
+           "float32 copies (k, v) of the committed rows: [n_kv_heads, length, head_dim] each.");
+
+  py::class_<LayerLayout>(m, "LayerLayout", R"doc(Where one layer's tensors lie in its byte buffer.
+
+LayerLayout(entries): entries are (name, byte offset, ggml type id, shape
+outermost first), names relative to the layer (input_layernorm.weight,
+self_attn.q_proj.weight, ..., mlp.down_proj.weight; q/k/v biases optional).
+ValueError for an unknown or repeated name.)doc")
+      .def(py::init(&make_layout), py::arg("entries"))
+      .def_property_readonly("entries", &layout_entries);
+
+  py::class_<NativeModel>(m, "NativeModel", R"doc(A Llama / Qwen2 decoder's layers in fp32 (native).
+
+NativeModel(hidden, n_heads, n_kv_heads, head_dim, intermediate, rms_eps, rope_theta).
+One pass: begin_pass(positions, mask, cache); layer(x, layout, buffer, cache, i)
+for every layer; end_pass(cache). Each row's result depends only on that row,
+its position and the cache rows its mask lets it see (bitwise).)doc")
+      .def(py::init(&make_model), py::arg("hidden"), py::arg("n_heads"), py::arg("n_kv_heads"),
+           py::arg("head_dim"), py::arg("intermediate"), py::arg("rms_eps"), py::arg("rope_theta"))
+      .def_property_readonly("hidden", [](const NativeModel& mo) { return mo.dims().hidden; })
+      .def_property_readonly("n_heads", [](const NativeModel& mo) { return mo.dims().n_heads; })
+      .def_property_readonly("n_kv_heads", [](const NativeModel& mo) { return mo.dims().n_kv_heads; })
+      .def_property_readonly("head_dim", [](const NativeModel& mo) { return mo.dims().head_dim; })
+      .def_property_readonly("intermediate",
+                             [](const NativeModel& mo) { return mo.dims().intermediate; })
+      .def_property_readonly("rms_eps", &NativeModel::rms_eps)
+      .def_property_readonly("rope_theta", &NativeModel::rope_theta)
+      .def("check_layout", &model_check_layout, py::arg("layout"), py::arg("buffer_nbytes"),
+           "ValueError naming the bad or missing tensor of a layer laid out in buffer_nbytes bytes.")
+      .def("begin_pass", &model_begin_pass, py::arg("positions"), py::arg("mask"), py::arg("cache"),
+           R"doc(Start a pass of T tokens: positions int64 [T]; mask C-contiguous bool
+[T, cache.length + T] (True: may attend). RuntimeError if the rows do not fit
+the cache's capacity (call cache.reserve first).)doc")
+      .def("layer", &model_layer, py::arg("x"), py::arg("layout"), py::arg("buffer"),
+           py::arg("cache"), py::arg("layer_index"),
+           "Run one layer on x (C-contiguous float32 [T, hidden], in place), weights in buffer "
+           "(1-D uint8) laid out by layout. Releases the GIL.")
+      .def("end_pass", &NativeModel::end_pass, py::arg("cache"),
+           "Commit the pass's T rows to the cache (length += T).")
+      .def("embed", &model_embed, py::arg("table"), py::arg("qtype"), py::arg("n_rows"),
+           py::arg("ids"), py::arg("out"),
+           "out[t] = row ids[t] of an [n_rows, hidden] table of ggml qtype bytes, as float32.")
+      .def("rms_norm", &model_rms_norm, py::arg("x"), py::arg("weight"), py::arg("out"),
+           "out = rms_norm(x) * weight for float32 x, out [R, hidden] and weight [hidden].");
+
+  m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("n_rows"),
+        py::arg("out"),
+        R"doc(out = x W^T: x float32 [R, K]; w 1-D uint8, an [n_rows, K] matrix of ggml
+qtype (quantised with a kernel, or F32/F16/BF16); out float32 [R, n_rows],
+rows contiguous (row stride may be larger: a slice of a wider array).
+Rows are independent (bitwise). Releases the GIL.)doc");
+  m.def("argmax_update", &argmax_update, py::arg("h"), py::arg("w"), py::arg("qtype"),
+        py::arg("n_rows"), py::arg("row_offset"), py::arg("best_val"), py::arg("best_idx"),
+        R"doc(Running argmax over a slice of the head's rows: for each row r of h
+(float32 [R, K]) and weight row n (an [n_rows, K] matrix, 1-D uint8 of qtype),
+if h[r] . W[n] > best_val[r] then best_val[r], best_idx[r] = it, row_offset + n.
+Scored 1024 rows at a time: no [R, vocab] array. Strictly greater keeps the
+first maximum. best_val float32 [R] (start at -inf), best_idx int64 [R].)doc");
+}

@@ -1,0 +1,211 @@
+// Decoder layer (see decoder_layer.h).
+
+#include "model/decoder_layer.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/attention.h"
+#include "kernels/dequant.h"
+#include "model/dense_matmul.h"
+
+namespace lever {
+namespace {
+
+constexpr size_t kLanes = 16;
+
+// Sum of squares of n values: 16 partial sums combined in a fixed order.
+float sum_squares(const float* x, size_t n) {
+  float acc[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) acc[l] += x[i + l] * x[i + l];
+  }
+  for (; i < n; ++i) acc[i % kLanes] += x[i] * x[i];
+  for (size_t w = kLanes / 2; w > 0; w /= 2) {
+    for (size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  }
+  return acc[0];
+}
+
+// A norm / bias vector (F32, F16 or BF16 bytes) as fp32 values in dst.
+const float* vector_f32(const TensorView& t, std::vector<float>& dst) {
+  dst.resize(t.cols);
+  dequantize_to_f32(t.data, row_bytes(t.type, t.cols), t.type, dst.data(), t.cols);
+  return dst.data();
+}
+
+// y [T, N] (+)= x [T, K] W^T, plus the bias when there is one.
+void project(const float* x, size_t T, size_t K, const TensorView& w, const TensorView* bias,
+             std::vector<float>& vec, float* y) {
+  weight_matmul(x, T, K, K, w.data, w.type, w.rows, y, w.rows);
+  if (bias && bias->data) {
+    const float* b = vector_f32(*bias, vec);
+    for (size_t t = 0; t < T; ++t) {
+      for (size_t n = 0; n < w.rows; ++n) y[t * w.rows + n] += b[n];
+    }
+  }
+}
+
+}  // namespace
+
+void rms_norm_rows(const float* x, size_t R, size_t n, size_t x_stride, const float* w, float eps,
+                   float* out, size_t out_stride) {
+  for (size_t r = 0; r < R; ++r) {
+    const float* xr = x + r * x_stride;
+    float* o = out + r * out_stride;
+    const float inv = 1.0f / std::sqrt(sum_squares(xr, n) / static_cast<float>(n) + eps);
+    for (size_t i = 0; i < n; ++i) o[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+NativeModel::NativeModel(const LayerDims& dims, float rms_eps, float rope_theta)
+    : dims_(dims), rms_eps_(rms_eps), rope_theta_(rope_theta) {
+  if (dims.hidden == 0 || dims.n_heads == 0 || dims.n_kv_heads == 0 || dims.head_dim == 0 ||
+      dims.intermediate == 0) {
+    throw std::invalid_argument("NativeModel: sizes must be positive");
+  }
+  if (dims.n_heads % dims.n_kv_heads != 0) {
+    throw std::invalid_argument("NativeModel: n_heads must be a multiple of n_kv_heads");
+  }
+  if (dims.head_dim % 2 != 0) throw std::invalid_argument("NativeModel: head_dim must be even");
+  // As torch: inv_freq = 1 / (theta ** (arange(0, d, 2) / d)), all fp32.
+  const size_t half = dims.head_dim / 2;
+  inv_freq_.resize(half);
+  for (size_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(dims.head_dim);
+    inv_freq_[i] = 1.0f / std::pow(rope_theta, e);
+  }
+}
+
+void NativeModel::check_layout(const LayerLayout& layout, size_t buffer_nbytes) const {
+  layout.resolve(dims_, nullptr, buffer_nbytes);
+}
+
+void NativeModel::begin_pass(const int64_t* positions, size_t T, const uint8_t* mask,
+                             size_t mask_cols, const KVCache& cache) {
+  if (cache.n_kv_heads() != dims_.n_kv_heads || cache.head_dim() != dims_.head_dim) {
+    throw std::invalid_argument("begin_pass: the cache has " + std::to_string(cache.n_kv_heads()) +
+                                " kv heads of " + std::to_string(cache.head_dim()) +
+                                " values; the model has " + std::to_string(dims_.n_kv_heads) +
+                                " of " + std::to_string(dims_.head_dim));
+  }
+  const size_t L = cache.length();
+  if (mask_cols != L + T) {
+    throw std::invalid_argument("begin_pass: mask has " + std::to_string(mask_cols) +
+                                " columns, expected cache.length + T = " + std::to_string(L + T));
+  }
+  cache.check_fits(L + T);
+  active_ = false;
+  T_ = T;
+  L_ = L;
+  cache_ = &cache;
+  mask_.assign(mask, mask + T * (L + T));
+
+  // Rotary tables: angle = position * inv_freq (fp32), as rope_cos_sin in torch.
+  const size_t half = dims_.head_dim / 2;
+  cos_.resize(T * half);
+  sin_.resize(T * half);
+  for (size_t t = 0; t < T; ++t) {
+    const float p = static_cast<float>(positions[t]);
+    for (size_t i = 0; i < half; ++i) {
+      const float angle = p * inv_freq_[i];
+      cos_[t * half + i] = std::cos(angle);
+      sin_[t * half + i] = std::sin(angle);
+    }
+  }
+
+  const size_t q_cols = dims_.n_heads * dims_.head_dim, kv_cols = dims_.n_kv_heads * dims_.head_dim;
+  norm_.resize(T * dims_.hidden);
+  q_.resize(T * q_cols);
+  k_.resize(T * kv_cols);
+  v_.resize(T * kv_cols);
+  attn_.resize(T * q_cols);
+  proj_.resize(T * dims_.hidden);
+  gate_.resize(T * dims_.intermediate);
+  up_.resize(T * dims_.intermediate);
+  active_ = true;
+}
+
+void NativeModel::check_pass(const KVCache& cache) const {
+  if (!active_) throw std::invalid_argument("no pass open: call begin_pass first");
+  if (&cache != cache_ || cache.length() != L_) {
+    throw std::invalid_argument("the cache is not the one begin_pass was given, or it changed");
+  }
+}
+
+void NativeModel::rope(float* x, size_t n_heads, size_t stride) const {
+  // Rotate-half: for i < d/2, (a, b) = (x[i], x[i + d/2]) becomes
+  // (a cos - b sin, b cos + a sin), as x * cos + rotate_half(x) * sin in torch.
+  const size_t d = dims_.head_dim, half = d / 2;
+  for (size_t t = 0; t < T_; ++t) {
+    const float* c = cos_.data() + t * half;
+    const float* s = sin_.data() + t * half;
+    for (size_t h = 0; h < n_heads; ++h) {
+      float* v = x + t * stride + h * d;
+      for (size_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] + (-b) * s[i];
+        v[i + half] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+void NativeModel::layer(float* x, size_t x_rows, const LayerLayout& layout, const uint8_t* buffer,
+                        size_t buffer_nbytes, KVCache& cache, size_t layer_index) {
+  check_pass(cache);
+  if (x_rows != T_) {
+    throw std::invalid_argument("x has " + std::to_string(x_rows) + " rows, the pass has " +
+                                std::to_string(T_));
+  }
+  if (layer_index >= cache.n_layers()) {
+    throw std::invalid_argument("layer index " + std::to_string(layer_index) +
+                                " is outside the cache's " + std::to_string(cache.n_layers()) +
+                                " layers");
+  }
+  const LayerTensors w = layout.resolve(dims_, buffer, buffer_nbytes);
+  const size_t T = T_, H = dims_.hidden, d = dims_.head_dim;
+  const size_t q_cols = dims_.n_heads * d, kv_cols = dims_.n_kv_heads * d;
+  if (T == 0) return;
+
+  // Attention block.
+  rms_norm_rows(x, T, H, H, vector_f32(w.input_norm, vec_), rms_eps_, norm_.data(), H);
+  project(norm_.data(), T, H, w.q, w.has_bias ? &w.q_bias : nullptr, vec_, q_.data());
+  project(norm_.data(), T, H, w.k, w.has_bias ? &w.k_bias : nullptr, vec_, k_.data());
+  project(norm_.data(), T, H, w.v, w.has_bias ? &w.v_bias : nullptr, vec_, v_.data());
+  rope(q_.data(), dims_.n_heads, q_cols);
+  rope(k_.data(), dims_.n_kv_heads, kv_cols);
+  cache.write(layer_index, k_.data(), v_.data(), T, kv_cols);
+
+  const AttentionShape shape{dims_.n_heads, dims_.n_kv_heads, T, L_ + T, d};
+  attention(shape, q_.data(), ElemType::kF32, /*q_head=*/d, /*q_row=*/q_cols,
+            cache.keys(layer_index), cache.values(layer_index), cache.dtype(), cache.head_stride(),
+            cache.row_stride(), mask_.data(), 1.0f / std::sqrt(static_cast<float>(d)),
+            attn_.data(), ElemType::kF32, q_cols);
+  project(attn_.data(), T, q_cols, w.o, nullptr, vec_, proj_.data());
+  for (size_t i = 0; i < T * H; ++i) x[i] += proj_[i];
+
+  // MLP block (SwiGLU).
+  rms_norm_rows(x, T, H, H, vector_f32(w.post_norm, vec_), rms_eps_, norm_.data(), H);
+  project(norm_.data(), T, H, w.gate, nullptr, vec_, gate_.data());
+  project(norm_.data(), T, H, w.up, nullptr, vec_, up_.data());
+  const size_t I = dims_.intermediate;
+  for (size_t t = 0; t < T; ++t) {  // row by row: the same loop shape for every row
+    float* g = gate_.data() + t * I;
+    const float* u = up_.data() + t * I;
+    for (size_t i = 0; i < I; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];  // silu(g) * up
+  }
+  project(gate_.data(), T, I, w.down, nullptr, vec_, proj_.data());
+  for (size_t i = 0; i < T * H; ++i) x[i] += proj_[i];
+}
+
+void NativeModel::end_pass(KVCache& cache) {
+  check_pass(cache);
+  cache.advance(T_);
+  active_ = false;
+  cache_ = nullptr;
+}
+
+}  // namespace lever

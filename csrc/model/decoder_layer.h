@@ -1,0 +1,78 @@
+// One Llama / Qwen2 decoder layer in fp32, and the per-pass state around it.
+//
+// A forward pass of T new tokens over a cache of L committed rows is:
+//   model.begin_pass(positions, mask, cache)   rotary tables, the [T, L + T] mask
+//   for each layer i: model.layer(x, layout_i, buffer_i, cache, i)
+//   model.end_pass(cache)                      cache.length += T
+// layer() computes, for the residual stream x [T, hidden] (in place):
+//   h = rms_norm(x) ; q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
+//   q, k rotated by RoPE (rotate-half) ; k, v appended to the cache at rows L..L+T
+//   x += attention(q, cache keys/values, mask) Wo^T
+//   h = rms_norm(x) ; x += (silu(h Wgate^T) * h Wup^T) Wdown^T
+// Every step is row-independent: a row's result depends only on that row,
+// its position and the cache rows its mask lets it see (bitwise), so a token
+// verified inside a tree gets exactly the numbers it gets decoded alone.
+//
+// Units: sizes are elements; positions are token positions; rms_eps is
+// added to the mean square; rope_theta is the RoPE base.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/kv_cache.h"
+#include "model/layer_layout.h"
+
+namespace lever {
+
+// out[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)) for R rows of n values
+// (row strides in elements). out may equal x.
+void rms_norm_rows(const float* x, size_t R, size_t n, size_t x_stride, const float* w, float eps,
+                   float* out, size_t out_stride);
+
+class NativeModel {
+ public:
+  // Throws std::invalid_argument for inconsistent dims (n_heads not a
+  // multiple of n_kv_heads, odd head_dim, zero sizes).
+  NativeModel(const LayerDims& dims, float rms_eps, float rope_theta);
+
+  const LayerDims& dims() const { return dims_; }
+  float rms_eps() const { return rms_eps_; }
+  float rope_theta() const { return rope_theta_; }
+
+  // Throws std::invalid_argument naming the bad or missing tensor.
+  void check_layout(const LayerLayout& layout, size_t buffer_nbytes) const;
+
+  // Starts a pass of T tokens: positions [T]; mask: T rows of cache.length + T
+  // bytes (non-zero: may attend), copied. Throws std::invalid_argument for a
+  // cache of other dims, std::runtime_error if length + T > capacity.
+  void begin_pass(const int64_t* positions, size_t T, const uint8_t* mask, size_t mask_cols,
+                  const KVCache& cache);
+  // Runs layer `layer_index` on x [T, hidden] (contiguous, in place);
+  // x_rows must equal the pass's T.
+  void layer(float* x, size_t x_rows, const LayerLayout& layout, const uint8_t* buffer, size_t buffer_nbytes,
+             KVCache& cache, size_t layer_index);
+  // Commits the pass's T rows to the cache and ends the pass.
+  void end_pass(KVCache& cache);
+
+ private:
+  void check_pass(const KVCache& cache) const;
+  void rope(float* x, size_t n_heads, size_t stride) const;  // in place, T rows
+
+  LayerDims dims_;
+  float rms_eps_, rope_theta_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+
+  // The open pass.
+  bool active_ = false;
+  size_t T_ = 0, L_ = 0;
+  const KVCache* cache_ = nullptr;
+  std::vector<float> cos_, sin_;  // [T, head_dim / 2]
+  std::vector<uint8_t> mask_;     // [T, L + T]
+
+  // Scratch activations, sized by begin_pass.
+  std::vector<float> norm_, q_, k_, v_, attn_, proj_, gate_, up_, vec_;
+};
+
+}  // namespace lever

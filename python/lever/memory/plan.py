@@ -1,0 +1,148 @@
+"""`--memory-limit SIZE`: one memory limit for the whole process, split into parts.
+
+    limit = runtime baseline            (RSS measured when the plan is made:
+                                         interpreter, numpy, the native module)
+          + draft weights + draft KV    (passed in, bytes)
+          + target scratch              (passed in: activations, logits, buffers
+                                         the store plan does not count)
+          + safety margin               (max(MIN_MARGIN_BYTES, MARGIN_FRACTION * limit)
+                                         unless given)
+          + store budget                (what is left: the target store's DRAM budget,
+                                         for `store.residency.plan_residency`)
+
+The store budget must cover the store's minimum (`store_minimum`): the fixed
+costs `plan_residency` charges (globals, the target's KV cache, embedding
+rows: `residency.fixed_costs`) and the ring of read buffers -- so the target
+KV cache is counted there and must not be passed again as scratch. A limit below the sum
+raises MemoryLimitError listing every part in MB. Make the plan before loading
+any model: the baseline is this process's RSS at that moment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import MemoryLimitError
+from ..store.residency import fixed_costs, parse_size, plan_residency
+from . import rss
+
+MIN_MARGIN_BYTES = 32 << 20        # bytes: allocator slack, thread stacks, page tables
+MARGIN_FRACTION = 0.05             # of the limit
+_MARGIN_RULE = f"max({MIN_MARGIN_BYTES >> 20} MiB, {MARGIN_FRACTION:.0%} of the limit)"
+
+
+def store_minimum(manifest, dtype_bytes: int = 2, kv_tokens: int = 2048, prefetch_depth: int = 2,
+                  embed_cache_rows: int = 4096, quantized: bool = True) -> dict[str, int]:
+    """The least DRAM (bytes, by part) `plan_residency` accepts for `manifest`
+    with the same arguments: its fixed costs (`residency.fixed_costs`: globals,
+    kv_cache, embedding_rows) plus a ring of `prefetch_depth` buffers of the largest
+    extent -- or, when pinning everything costs less, every extent ("weights")."""
+    parts = dict(fixed_costs(manifest, dtype_bytes, kv_tokens, embed_cache_rows, quantized))
+    extents = manifest.layers + manifest.head_parts
+    ring = prefetch_depth * max(e.length for e in extents)
+    everything = sum(e.length for e in extents)
+    if everything <= ring:
+        parts["weights"] = everything
+    else:
+        parts["ring"] = ring
+    return parts
+
+
+def kv_bytes(config, tokens: int, dtype_bytes: int = 2) -> int:
+    """Bytes of a KV cache of `tokens` rows for a model of `config` (ModelConfig)."""
+    return tokens * config.n_layers * 2 * config.n_kv_heads * config.head_dim * dtype_bytes
+
+
+def gguf_weight_bytes(path) -> int:
+    """Bytes of every tensor of a GGUF file, as stored (what resident weights occupy)."""
+    from ..model.gguf_file import GGUFFile
+    return sum(t.nbytes for t in GGUFFile(path).tensors.values())
+
+
+def default_margin(limit_bytes: int) -> int:
+    """The safety margin for a limit, bytes: max(MIN_MARGIN_BYTES, MARGIN_FRACTION * limit)."""
+    return max(MIN_MARGIN_BYTES, int(MARGIN_FRACTION * limit_bytes))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+@dataclass
+class MemoryPlan:
+    """How one process-wide memory limit is spent; every field in bytes."""
+
+    limit_bytes: int
+    baseline_bytes: int
+    draft_weight_bytes: int
+    draft_kv_bytes: int
+    target_minimum: dict[str, int]
+    target_scratch_bytes: int
+    margin_bytes: int
+    margin_rule: str = "given"
+
+    @classmethod
+    def build(cls, limit, draft_weight_bytes: int = 0, draft_kv_bytes: int = 0,
+              target_minimum: dict[str, int] | None = None, target_scratch_bytes: int = 0,
+              margin_bytes: int | None = None, baseline_bytes: int | None = None) -> "MemoryPlan":
+        """A checked plan. `limit`: bytes or a size text ('1.5GiB', '900MB').
+        `target_minimum`: the store's minimum by part (`store_minimum`), or for
+        a fully resident target its weights + KV. `baseline_bytes`: default this
+        process's RSS now. Raises MemoryLimitError when the parts exceed the limit."""
+        limit_bytes = parse_size(limit)
+        plan = cls(limit_bytes,
+                   rss.current_rss() if baseline_bytes is None else int(baseline_bytes),
+                   int(draft_weight_bytes), int(draft_kv_bytes), dict(target_minimum or {}),
+                   int(target_scratch_bytes),
+                   default_margin(limit_bytes) if margin_bytes is None else int(margin_bytes),
+                   _MARGIN_RULE if margin_bytes is None else "given")
+        plan.check()
+        return plan
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Everything but the store: baseline, draft, target scratch and margin."""
+        return (self.baseline_bytes + self.draft_weight_bytes + self.draft_kv_bytes
+                + self.target_scratch_bytes + self.margin_bytes)
+
+    @property
+    def store_budget_bytes(self) -> int:
+        """The target store's DRAM budget: the limit less everything reserved."""
+        return self.limit_bytes - self.reserved_bytes
+
+    @property
+    def minimum_bytes(self) -> int:
+        """The smallest limit this plan fits in (margin as planned)."""
+        return self.reserved_bytes + sum(self.target_minimum.values())
+
+    def parts(self) -> dict[str, int]:
+        """Every planned part, bytes, in the order the limit is spent."""
+        out = {"runtime_baseline": self.baseline_bytes, "draft_weights": self.draft_weight_bytes,
+               "draft_kv": self.draft_kv_bytes, "target_scratch": self.target_scratch_bytes}
+        out.update({f"target_{k}": v for k, v in self.target_minimum.items()})
+        out["margin"] = self.margin_bytes
+        return out
+
+    def check(self) -> None:
+        """MemoryLimitError naming the minimum and each part (MB) if they exceed the limit."""
+        if self.limit_bytes >= self.minimum_bytes:
+            return
+        target = ", ".join(f"{k.replace('_', ' ')} {_mb(v)}" for k, v in self.target_minimum.items())
+        raise MemoryLimitError(
+            f"memory limit {_mb(self.limit_bytes)} is below this run's minimum of {_mb(self.minimum_bytes)}: "
+            f"runtime baseline {_mb(self.baseline_bytes)}, draft weights {_mb(self.draft_weight_bytes)}, "
+            f"draft KV {_mb(self.draft_kv_bytes)}, target minimum "
+            f"{_mb(sum(self.target_minimum.values()))} ({target or 'nothing'}), "
+            f"target scratch {_mb(self.target_scratch_bytes)}, margin {_mb(self.margin_bytes)}")
+
+    def plan_store(self, manifest, **residency):
+        """`plan_residency(manifest, store budget, **residency)`; pass the same
+        keyword arguments given to `store_minimum`."""
+        return plan_residency(manifest, self.store_budget_bytes, **residency)
+
+    def summary(self) -> dict:
+        """The plan as JSON values (bytes)."""
+        return {"memory_limit_bytes": self.limit_bytes, "memory_minimum_bytes": self.minimum_bytes,
+                "store_budget_bytes": self.store_budget_bytes,
+                "headroom_bytes": self.limit_bytes - self.minimum_bytes,
+                "planned_bytes": self.parts(), "margin_rule": self.margin_rule}

@@ -1,0 +1,177 @@
+"""The decoder's forward pass in the native core, over any source of weights.
+
+`NativeDecoder` implements the numpy model protocol (see `forward`): tokens,
+positions and the attention mask go in as numpy arrays, float32 logits (or the
+argmax token of each row) come out; the KV cache is a `lever._native.KVCache`.
+All arithmetic (embedding, attention, MLP, norms, head) runs in C++
+(`lever._native.NativeModel`, `linear`, `argmax_update`); activations are
+float32, the KV cache float32 or bfloat16 (`dtype`).
+
+One forward loop serves weights held in DRAM (`native_loader.ResidentWeights`)
+and weights streamed from a flash store (`store.streamed.StreamedWeights`).
+A weight source has:
+
+- ``layouts``: one `_native.LayerLayout` per decoder layer;
+- ``layer(i) -> (buffer, release)``: layer i's bytes (uint8, 1-D) and a
+  function to call once the layer is computed (frees a streaming buffer);
+- ``head_parts``: [(first row, end row, ggml type)] of the output head, whose
+  rows are split in parts (one part when resident);
+- ``head_part(k) -> (buffer, release)``: the bytes of part k's matrix;
+- ``embed(native, ids, out)``: writes the embedding rows of `ids` into `out`
+  (float32 [T, hidden]);
+- ``norm``: the final norm's weight, float32 [hidden].
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _native
+from .config import ModelConfig
+
+HEADS = ("logits", "argmax")
+KV_DTYPES = ("float32", "bfloat16")
+
+
+def dtype_name(dtype) -> str:
+    """"float32" or "bfloat16" from a name or a torch dtype (torch.bfloat16 -> "bfloat16")."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in KV_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(KV_DTYPES)}, got {dtype!r}")
+    return name
+
+
+@dataclass
+class PassStats:
+    """Counters since creation or `reset()`; times in seconds."""
+
+    passes: int = 0
+    tokens: int = 0                   # rows run through the model
+    compute_s: float = 0.0            # native arithmetic: embed, layers, head
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+def native_model(cfg: ModelConfig) -> "_native.NativeModel":
+    """The native layer arithmetic for the hyperparameters `cfg`."""
+    return _native.NativeModel(cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                               cfg.intermediate_size, cfg.rms_norm_eps, cfg.rope_theta)
+
+
+class NativeDecoder:
+    """The model protocol over a weight source (see the module docstring).
+
+    dtype: the KV cache's element type, "float32" or "bfloat16" (a torch
+    dtype is accepted too).  stats: counters to add passes, tokens and
+    compute seconds to (a `PassStats` or a subclass; default a new one).
+    stage_times: None, or a list to which every forward appends (stage,
+    seconds): "embed", each "layer.N" and "head" (final norm + all head
+    parts).  A stage's seconds are its arithmetic only: time spent waiting
+    for a weight source (flash reads) is excluded.
+    """
+
+    stage_times: list | None = None
+
+    def __init__(self, config: ModelConfig, weights, dtype="bfloat16", stats: PassStats | None = None):
+        self.config = config
+        self.weights = weights
+        self.dtype = dtype_name(dtype)
+        self.stats = stats if stats is not None else PassStats()
+        self.native = native_model(config)
+
+    @property
+    def resident_weight_bytes(self) -> int | None:
+        """Bytes of weights held in DRAM by a resident source (its `weight_bytes`);
+        None for a source without them (a streamed store)."""
+        return getattr(self.weights, "weight_bytes", None)
+
+    def new_cache(self, capacity: int = 256) -> "_native.KVCache":
+        """An empty KV cache with room for `capacity` tokens (it grows on demand)."""
+        cfg = self.config
+        return _native.KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max(1, int(capacity)), self.dtype)
+
+    def __call__(self, *args, **kwargs) -> np.ndarray:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, tokens, positions, mask, cache, logits_rows=None, head: str = "logits") -> np.ndarray:
+        """Run T new tokens through the model, appending (and committing) their
+        keys/values to `cache`.
+
+        tokens, positions: int64 [T].  mask: bool [T, cache.length + T], True
+        where a new token attends to a cached row (first cache.length columns)
+        or to a new token (last T columns).  logits_rows: int64 [R], the rows
+        whose output is wanted (default all T).  head="logits": float32
+        [R, vocab]; head="argmax": int64 [R], the first index of each row's
+        maximum, without making the [R, vocab] logits.
+        """
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
+        positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+        mask = np.ascontiguousarray(mask, dtype=bool)
+        t = tokens.shape[0]
+        if positions.shape != (t,):
+            raise ValueError(f"positions has shape {positions.shape}, expected ({t},)")
+        if mask.shape != (t, cache.length + t):
+            raise ValueError(f"mask has shape {mask.shape}, expected ({t}, {cache.length + t})")
+        cache.reserve(cache.length + t)            # grows by doubling when short of rows
+        x = self._layers(tokens, positions, mask, cache)
+        if logits_rows is not None:
+            x = x[np.asarray(logits_rows, dtype=np.int64)]
+        out = self._head(np.ascontiguousarray(x), head)
+        self.stats.passes += 1
+        self.stats.tokens += t
+        return out
+
+    def _layers(self, tokens, positions, mask, cache) -> np.ndarray:
+        """Embedding and decoder layers: the final hidden states, float32 [T, hidden]."""
+        x = np.empty((tokens.shape[0], self.config.hidden_size), dtype=np.float32)
+        t0 = time.perf_counter()
+        self.weights.embed(self.native, tokens, x)
+        self.native.begin_pass(positions, mask, cache)
+        self._lap("embed", time.perf_counter() - t0)
+        for i, layout in enumerate(self.weights.layouts):
+            buffer, release = self.weights.layer(i)
+            try:
+                t0 = time.perf_counter()
+                self.native.layer(x, layout, buffer, cache, i)
+                self._lap(f"layer.{i}", time.perf_counter() - t0)
+            finally:
+                release()
+        self.native.end_pass(cache)
+        return x
+
+    def _head(self, x: np.ndarray, head: str) -> np.ndarray:
+        """Final norm and output head over the hidden states x [R, hidden]."""
+        t0 = time.perf_counter()
+        h = np.empty_like(x)
+        self.native.rms_norm(x, self.weights.norm, h)
+        seconds = time.perf_counter() - t0
+        r = x.shape[0]
+        if head == "logits":
+            out = np.empty((r, self.config.vocab_size), dtype=np.float32)
+        else:
+            best_val = np.full(r, -np.inf, dtype=np.float32)
+            out = np.zeros(r, dtype=np.int64)
+        for k, (first, end, qtype) in enumerate(self.weights.head_parts):
+            buffer, release = self.weights.head_part(k)
+            try:
+                t0 = time.perf_counter()
+                if head == "logits":
+                    _native.linear(h, buffer, qtype, end - first, out[:, first:end])
+                else:
+                    _native.argmax_update(h, buffer, qtype, end - first, first, best_val, out)
+                seconds += time.perf_counter() - t0
+            finally:
+                release()
+        self._lap("head", seconds)
+        return out
+
+    def _lap(self, stage: str, seconds: float) -> None:
+        self.stats.compute_s += seconds
+        if self.stage_times is not None:
+            self.stage_times.append((stage, seconds))

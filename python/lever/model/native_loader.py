@@ -1,0 +1,227 @@
+"""Load a GGUF model for the native decoder: weights read straight into DRAM.
+
+`load_gguf_native(path)` parses the header (`GGUFFile`, `config_from_gguf`)
+and reads every weight with `os.preadv` straight into its final place, with no
+memory map of the file and no intermediate copies:
+
+- one 64-byte aligned uint8 buffer per decoder layer, its tensors at 64-byte
+  aligned offsets described by a `_native.LayerLayout`;
+- one buffer for the embedding table and, when the head is not tied to it,
+  one for the output head;
+- the final norm as float32.
+
+Tensors keep the file's block types (the native kernels multiply them
+directly).  llama.cpp stores the q/k projections (and biases) of *llama*
+models with rows permuted for its interleaved RoPE: the rows are read into
+their rotate-half positions (one iovec per row; rows are whole blocks).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+
+from .. import _native
+from ..errors import ModelFormatError, UnsupportedModelError
+from ..files import open_regular
+from .config import ModelConfig, layer_shapes
+from .gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
+from .gguf_file import GGUFFile, TensorInfo
+from .native_decoder import NativeDecoder
+
+TENSOR_ALIGNMENT = 64                       # bytes; buffers and tensors inside them start on this boundary
+DENSE_TYPES = {0: 4, 1: 2, 30: 2}           # F32, F16, BF16 ggml type ids -> bytes per element
+_TORCH_HINT = "; the torch reference (--kernels torch) dequantises it"
+_IOV_MAX = 1024                             # iovecs per preadv call (Linux's IOV_MAX)
+_GGUF_LAYER_NAMES = {v: k for k, v in LAYER_TENSOR_NAMES.items()}
+
+
+def type_name(qtype: int) -> str:
+    try:
+        return GGMLQuantizationType(int(qtype)).name
+    except ValueError:
+        return f"type {int(qtype)}"
+
+
+def matrix_types() -> set[int]:
+    """ggml type ids the native decoder multiplies: the quant kernels' and F32/F16/BF16."""
+    return set(_native.matmul_types()) | set(DENSE_TYPES)
+
+
+def check_type(where: str, name: str, qtype: int, matrix: bool, hint: str = "") -> None:
+    """UnsupportedModelError unless tensor `name` (of `where`) has a type the native
+    decoder uses: a matrix one with a kernel or dense, a vector a dense one.
+    hint: appended to the message (what to do instead)."""
+    allowed = matrix_types() if matrix else set(DENSE_TYPES)
+    if int(qtype) not in allowed:
+        names = ", ".join(type_name(t) for t in sorted(allowed))
+        raise UnsupportedModelError(f"{where}: tensor {name!r} uses {type_name(qtype)}, which the native "
+                                    f"decoder cannot use for a {'matrix' if matrix else 'vector'} "
+                                    f"(supported: {names}){hint}")
+
+
+def aligned_buffer(nbytes: int) -> np.ndarray:
+    """A writable uint8 array of `nbytes` bytes starting on a TENSOR_ALIGNMENT boundary
+    (a view of an allocation TENSOR_ALIGNMENT bytes larger)."""
+    raw = np.empty(nbytes + TENSOR_ALIGNMENT, dtype=np.uint8)
+    skip = -raw.ctypes.data % TENSOR_ALIGNMENT
+    return raw[skip:skip + nbytes]
+
+
+def held_bytes(buffer: np.ndarray) -> int:
+    """Bytes of the allocation behind `buffer` (an `aligned_buffer` or a plain array)."""
+    return buffer.base.nbytes if isinstance(buffer.base, np.ndarray) else buffer.nbytes
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def preadv_exactly(fd: int, views: list[memoryview], offset: int, path: Path) -> None:
+    """Fill `views` (writable byte memoryviews, in file order) from file bytes
+    starting at `offset`, retrying short reads; ModelFormatError at end of file."""
+    pending = [v for v in views if v.nbytes]
+    while pending:
+        batch = pending[:_IOV_MAX]
+        n = os.preadv(fd, batch, offset)
+        if n == 0:
+            raise ModelFormatError(f"{path}: unexpected end of file at byte {offset:,}")
+        offset += n
+        done = 0
+        while done < len(batch) and n >= batch[done].nbytes:
+            n -= batch[done].nbytes
+            done += 1
+        rest = pending[done:]
+        if n:
+            rest[0] = rest[0][n:]
+        pending = rest
+
+
+def read_tensor(fd: int, info: TensorInfo, dst: np.ndarray, path: Path, row_order: np.ndarray | None = None) -> None:
+    """Read tensor `info` into `dst` (uint8, info.nbytes).  row_order: destination
+    row i receives the file's row row_order[i] (rows of a 1-D tensor are its elements)."""
+    if row_order is None:
+        preadv_exactly(fd, [memoryview(dst)], info.offset, path)
+        return
+    rows = dst.reshape(len(row_order), -1)
+    target = np.empty_like(row_order)
+    target[row_order] = np.arange(len(row_order))          # file row j -> destination row target[j]
+    preadv_exactly(fd, [memoryview(rows[i]) for i in target.tolist()], info.offset, path)
+
+
+class ResidentWeights:
+    """Every weight of a GGUF model in DRAM (see the module docstring): the weight
+    source of a `NativeDecoder`.  weight_bytes: bytes held by all weight buffers
+    (tensor bytes plus at most TENSOR_ALIGNMENT bytes of padding per tensor and
+    buffer); tensor_bytes: the tensors' own bytes (the final norm as float32)."""
+
+    def __init__(self, g: GGUFFile, cfg: ModelConfig):
+        self.path = g.path
+        self._check_types(g, cfg)
+        with open_regular(g.path) as f:
+            if os.fstat(f.fileno()).st_size != g.file_size:
+                raise ModelFormatError(f"{g.path}: the file changed size since its header was read")
+            fd = f.fileno()
+            self.buffers, self.layouts = [], []
+            for i in range(cfg.n_layers):
+                buffer, layout = self._read_layer(fd, g, cfg, i)
+                self.buffers.append(buffer)
+                self.layouts.append(layout)
+            embed = g.tensors["token_embd.weight"]
+            self.embedding = _read_whole(fd, embed, g.path)
+            self.embedding_qtype = embed.qtype
+            head = embed if cfg.tie_word_embeddings else g.tensors["output.weight"]
+            self.head = self.embedding if cfg.tie_word_embeddings else _read_whole(fd, head, g.path)
+            self.head_parts = [(0, cfg.vocab_size, head.qtype)]
+            norm = g.tensors["output_norm.weight"]
+            raw = np.empty(norm.nbytes, dtype=np.uint8)
+            read_tensor(fd, norm, raw, g.path)
+        self.norm = np.empty(cfg.hidden_size, dtype=np.float32)
+        _native.dequantize(raw, norm.qtype, self.norm)
+        self.vocab_size = cfg.vocab_size
+        held = self.buffers + [self.embedding] + ([] if cfg.tie_word_embeddings else [self.head])
+        self.weight_bytes = sum(held_bytes(b) for b in held) + self.norm.nbytes
+        names = [f"blk.{i}.{n}" for i in range(cfg.n_layers) for n in _gguf_layer_names(cfg)]
+        names += ["token_embd.weight"] + ([] if cfg.tie_word_embeddings else ["output.weight"])
+        self.tensor_bytes = sum(g.tensors[n].nbytes for n in names) + self.norm.nbytes
+
+    @staticmethod
+    def _check_types(g: GGUFFile, cfg: ModelConfig) -> None:
+        for i in range(cfg.n_layers):
+            for name in _gguf_layer_names(cfg):
+                info = g.tensors[f"blk.{i}.{name}"]
+                check_type(g.path.name, info.name, info.qtype, len(info.shape) == 2, _TORCH_HINT)
+        for name in ("token_embd.weight", "output.weight"):
+            if name in g.tensors:
+                check_type(g.path.name, name, g.tensors[name].qtype, True, _TORCH_HINT)
+        check_type(g.path.name, "output_norm.weight", g.tensors["output_norm.weight"].qtype, False, _TORCH_HINT)
+
+    @staticmethod
+    def _read_layer(fd: int, g: GGUFFile, cfg: ModelConfig, i: int):
+        """(buffer, LayerLayout) of decoder layer i, its tensors read from the file."""
+        names = _gguf_layer_names(cfg)
+        infos = [g.tensors[f"blk.{i}.{name}"] for name in names]
+        offsets = np.cumsum([0] + [_round_up(t.nbytes, TENSOR_ALIGNMENT) for t in infos]).tolist()
+        buffer = aligned_buffer(offsets[-1])
+        entries = []
+        for name, info, offset in zip(names, infos, offsets):
+            decoder_name = LAYER_TENSOR_NAMES[name]
+            heads = permuted_heads(cfg, decoder_name)
+            order = qk_row_order(info.shape[0], heads) if heads else None
+            read_tensor(fd, info, buffer[offset:offset + info.nbytes], g.path, order)
+            entries.append((decoder_name, offset, info.qtype, tuple(info.shape)))
+        return buffer, _native.LayerLayout(entries)
+
+    # -- the weight source interface (native_decoder) --------------------------
+
+    def layer(self, i: int):
+        return self.buffers[i], _no_release
+
+    def head_part(self, k: int):
+        return self.head, _no_release
+
+    def embed(self, native, ids: np.ndarray, out: np.ndarray) -> None:
+        check_token_ids(ids, self.vocab_size)
+        native.embed(self.embedding, self.embedding_qtype, self.vocab_size, ids, out)
+
+
+def check_token_ids(ids: np.ndarray, vocab_size: int) -> None:
+    """ValueError naming the first id of `ids` outside 0..vocab_size-1."""
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+        raise ValueError(f"token id {int(bad[0])} is outside the vocabulary (0..{vocab_size - 1})")
+
+
+def _read_whole(fd: int, info: TensorInfo, path: Path) -> np.ndarray:
+    """Tensor `info` of the file at `path` (open as `fd`) in a new aligned buffer."""
+    buffer = aligned_buffer(info.nbytes)
+    read_tensor(fd, info, buffer, path)
+    return buffer
+
+
+def _no_release() -> None:
+    pass
+
+
+def _gguf_layer_names(cfg: ModelConfig) -> list[str]:
+    """GGUF names (after "blk.N.") of one layer's tensors, in decoder order."""
+    return [_GGUF_LAYER_NAMES[n] for n in layer_shapes(cfg)]
+
+
+def load_gguf_native(path, dtype="bfloat16") -> tuple[NativeDecoder, GGUFFile]:
+    """A `NativeDecoder` over every weight of the GGUF file at `path`, read into
+    DRAM; dtype: its KV cache's element type ("float32" or "bfloat16").  Also
+    returns the parsed file (metadata, tokenizer)."""
+    g = GGUFFile(path)
+    cfg = config_from_gguf(g)
+    weights = ResidentWeights(g, cfg)
+    model = NativeDecoder(cfg, weights, dtype)
+    for i, layout in enumerate(weights.layouts):
+        try:
+            model.native.check_layout(layout, weights.buffers[i].nbytes)
+        except ValueError as err:
+            raise ModelFormatError(f"{g.path}: layer {i}: {err}") from None
+    return model, g
