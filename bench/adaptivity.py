@@ -42,7 +42,7 @@ def budget_for(manifest: StoreManifest, pinned_layers: int, kv_tokens: int) -> i
 
     def ok(b: int) -> bool:
         try:
-            return plan_residency(manifest, b, kv_tokens=kv_tokens, quantized=True).pinned_layers >= pinned_layers
+            return plan_residency(manifest, b, kv_tokens=kv_tokens).pinned_layers >= pinned_layers
         except DramBudgetError:
             return False
 

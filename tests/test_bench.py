@@ -1,6 +1,8 @@
 """`lever bench` and its prompt set: a quick run on SmolLM2 in memory and from a
 flash store (JSON with every mode, PNG, greedy outputs identical to ar), the
-shipped prompts, and the errors a user can make."""
+shipped prompts, the errors a user can make, the memory options, and
+--memory-cap (every mode in its own capped process; needs root and a memory
+cgroup controller, else those tests are skipped)."""
 
 import json
 
@@ -9,7 +11,8 @@ import pytest
 from lever.bench_prompts import load_prompts, prompt_set, versions
 from lever.cli import main
 from lever.commands.bench import parse_mode, parse_modes
-from lever.errors import DramBudgetError, LeverError
+from lever.errors import CgroupUnavailableError, DramBudgetError, LeverError
+from lever.memory import cgroup
 from lever.store.convert import convert
 from lever.store.manifest import StoreManifest
 from lever.store.residency import parse_size, plan_residency
@@ -63,7 +66,10 @@ def check_outputs(out, capsys, modes, n_prompts, new_tokens, streamed):
     assert len(by_prompt) == n_prompts and all(len(v) == 1 for v in by_prompt.values())
     png = (out / "bench.png").read_bytes()
     assert len(png) > 1000 and png.startswith(PNG_MAGIC)
+    assert data["memory"]["peak_rss_bytes"] > 0
+    assert all(a["memory"]["peak_rss_bytes_after"] > 0 for a in data["modes"].values())
     printed = capsys.readouterr().out
+    assert "[memory: " in printed
     for label in modes:
         assert any(line.startswith(label + " ") for line in printed.splitlines()), printed
     assert "resident" in printed and "bench.json" in printed
@@ -113,6 +119,32 @@ def test_bench_streamed_target(smol_store, tmp_path, capsys):
     raw = data["config"]["raw_read_bytes_per_s"]
     assert raw > 0 and ar["io_bound_tokens_per_s"] == pytest.approx(raw / ar["bytes_read_per_token"], rel=1e-3)
     assert data["modes"]["tree:8:2:4"]["spec"]["tree"] == {"budget": 8, "topk": 2, "depth": 4}
+
+
+def test_verify_counts_the_bytes_its_pass_used(smol_store):
+    """A verify counts exactly the streamed extents of its own pass (plus its embedding
+    reads), wherever the ring's prefetches land: here, with settle() between the calls,
+    the next pass's first extents all land outside the measured windows (counting reads
+    as they landed lost them: bench's ar was once 64 KiB/token under per_pass)."""
+    from lever.sampling import SamplingParams
+    from lever.store.streamed import StreamedDecoder
+    from lever.tree import TokenTree
+    from lever.verify.target_pass import TargetVerifier
+
+    model = StreamedDecoder(smol_store, minimum_budget(smol_store), "bfloat16")
+    try:
+        per_pass = model.plan.streamed_bytes_per_pass
+        assert per_pass > 0
+        verifier = TargetVerifier(model, SamplingParams(), capacity=64)
+        verifier.start(list(range(1, 9)))
+        for _ in range(4):
+            model.settle()
+            embedded = model.stats.embedding_bytes
+            verdict = verifier.verify(TokenTree(verifier.root))
+            assert verdict.bytes_read == per_pass + model.stats.embedding_bytes - embedded
+        assert model.report()["bytes_used"] == model.stats.passes * per_pass + model.stats.embedding_bytes
+    finally:
+        model.close()
 
 
 def test_prompt_set():
@@ -165,3 +197,87 @@ def test_missing_store_is_one_clear_line(tmp_path, capsys):
     assert main(["bench", "--target-store", str(tmp_path / "nope"), "--quick"]) == 2
     err = capsys.readouterr().err.strip()
     assert "no such store directory" in err and "lever convert" in err and "\n" not in err
+
+
+# -- memory options ----------------------------------------------------------------
+
+def test_memory_limit_below_the_minimum_lists_the_parts(smollm2_path, lever_cache, tmp_path, capsys):
+    rc = main(["bench", "--target", str(smollm2_path), "--draft", "ngram", "--modes", "ar", "--prompts", "1",
+               "--new-tokens", "4", "--memory-limit", "60MB", "--cache-dir", str(lever_cache),
+               "--out", str(tmp_path), "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert "memory limit 60.0 MB is below this run's minimum" in err and "\n" not in err
+    for part in ("runtime baseline", "draft weights", "draft KV", "target minimum", "weights", "kv cache",
+                 "target scratch", "margin"):
+        assert part in err, part
+    assert not (tmp_path / "bench.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--memory-limit", "1GB", "--dram-budget", "1GB"], "argument --dram-budget: not allowed with argument --memory-limit"),
+    (["--target-store", "{tmp}", "--kernels", "torch"], "--kernels torch runs in-memory models only"),
+    (["--memory-cap", "1GB", "--resident"], "--resident cannot be combined with --memory-cap"),
+    (["--memory-cap", "1GB", "--modes", "lever"], "mode lever needs a draft model"),
+    (["--memory-cap", "1GB", "--memory-limit", "2GB"], "--memory-limit 2,000.0 MB is above --memory-cap"),
+])
+def test_refused_before_anything_loads(argv, message, tmp_path, capsys):
+    assert main(["bench", *[a.format(tmp=tmp_path) for a in argv]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+# -- --memory-cap ----------------------------------------------------------------
+
+def _cgroup_skip_reason():
+    try:
+        cgroup.find_controller()
+    except CgroupUnavailableError as e:
+        return str(e)
+    return None
+
+
+needs_cgroup = pytest.mark.skipif(_cgroup_skip_reason() is not None, reason=f"{_cgroup_skip_reason()}")
+
+
+def capped(smollm2_path, lever_cache, out, cap):
+    return main(["bench", "--target", str(smollm2_path), "--draft", "ngram", "--modes", "ar", "tree:4",
+                 "--prompts", "1", "--new-tokens", "4", "--memory-cap", cap, "--cache-dir", str(lever_cache),
+                 "--out", str(out), "--name", "capped", "--no-progress"])
+
+
+@needs_cgroup
+def test_memory_cap_every_mode_in_its_own_capped_process(smollm2_path, lever_cache, tmp_path, capsys):
+    assert capped(smollm2_path, lever_cache, tmp_path, "1GB") == 0
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "capped.json").read_text())
+    assert data["cap_bytes"] == 10**9 and data["cgroup_version"] in (1, 2)
+    assert data["config"]["prompts"] == 1 and data["config"]["new_tokens"] == 4
+    assert [r["mode"] for r in data["results"]] == ["ar", "tree:4"]
+    for r in data["results"]:
+        assert r["ok"] and r["error"] is None and r["tokens_per_s"] > 0 and r["mismatches"] == 0
+        assert 0 < r["cgroup"]["peak_bytes"] <= 10**9 and not r["cgroup"]["oom_killed"]
+        plan = r["memory"]["plan"]                      # each child planned its memory under the cap
+        assert plan["memory_limit_bytes"] == 10**9 and r["memory"]["within_limit"]
+        assert len(r["token_ids"]) == 1
+    ar, tree = data["results"]
+    assert tree["token_ids"] == ar["token_ids"] and ar["ratio_vs_ar"] == 1.0
+    assert tree["aggregate"]["mismatches"] is None           # the child ran no ar of its own
+    assert (tmp_path / "capped.png").read_bytes().startswith(PNG_MAGIC)
+    assert "--memory-cap 1,000 MB" in printed and "cgroup v" in printed
+    assert "page cache dropped before each mode" in printed
+    rows = {line.split()[0]: line for line in printed.splitlines() if line.startswith(("ar ", "tree:4 "))}
+    assert "(reference)" in rows["ar"] and rows["tree:4"].split()[-1] == "0" and " no " in rows["tree:4"]
+
+
+@needs_cgroup
+def test_memory_cap_too_small_reports_each_mode_and_fails(smollm2_path, lever_cache, tmp_path, capsys):
+    assert capped(smollm2_path, lever_cache, tmp_path, "60MB") == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()[-1]
+    assert err.startswith("lever: error: 2 of 2 modes failed under the 60.0 MB memory cap: ar (")
+    data = json.loads((tmp_path / "capped.json").read_text())
+    for r in data["results"]:
+        assert not r["ok"] and r["error"] and r["tokens_per_s"] is None
+        assert r["cgroup"]["oom_killed"] or r["cgroup"]["stderr_last_line"].startswith("lever: error:")
+    assert captured.out.count("FAILED: ") == 2

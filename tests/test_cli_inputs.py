@@ -295,7 +295,7 @@ def test_lowest_read_limit_finishes(smollm2_path, tmp_path, capsys):
     store = convert(str(smollm2_path), tmp_path / "store", progress=False)
     m = StoreManifest.load(store)
     budget = 2 * m.weights_bytes
-    while not plan_residency(m, budget, kv_tokens=2048, quantized=True).streamed:
+    while not plan_residency(m, budget, kv_tokens=2048).streamed:
         budget -= 1 << 20                                   # the largest budget that streams something
     assert m.weights_bytes / MIN_READ_RATE < LIMIT_S / 3     # seconds to load, then stream a pass
     t0 = time.monotonic()

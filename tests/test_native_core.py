@@ -2,7 +2,7 @@
 against the torch reference `DecoderLayer`, bitwise row independence (a
 token verified in a tree gets the numbers it gets decoded alone), the KV
 cache (compact / truncate / reserve / overflow), embedding, final norm,
-head linear and running argmax, and the layer layout checks."""
+head linear, running argmax and running top-k, and the layer layout checks."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from lever.model.config import ModelConfig
 from lever.model.decoder import DecoderLayer, RMSNorm, rope_cos_sin
 from lever.model.kv_cache import KVCache as TorchKVCache
 from lever.model.linear import QuantTensor
+from lever.model.topk_head import EMPTY_ID, topk_result, topk_state
+from lever.sampling import log_softmax
 
 F32, F16, Q8_0, BF16 = 0, 1, 8, 30
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FF = 64, 4, 2, 32, 96
@@ -382,6 +384,72 @@ def test_argmax_update_equals_argmax_of_logits(qtype):
     assert best_idx[1] == 50
     assert np.array_equal(best_val, logits.max(axis=1))
 
+
+
+def topk_in_parts(h, raw, qtype, vocab, k, cuts):
+    """topk_update over the head's rows split at `cuts` (0 < ... < vocab): the final state."""
+    state = topk_state(h.shape[0], k)
+    row_bytes = raw.nbytes // vocab
+    for a, b in zip([0, *cuts], [*cuts, vocab]):
+        _native.topk_update(h, raw[a * row_bytes:b * row_bytes], qtype, b - a, a, *state)
+    return state
+
+
+@pytest.mark.parametrize("qtype", [Q8_0, F32, BF16])
+def test_topk_update_equals_numpy(qtype):
+    rng = np.random.default_rng(7)
+    vocab, k = 3000, 6
+    h = rng.standard_normal((5, HIDDEN)).astype(np.float32)
+    w = (rng.standard_normal((vocab, HIDDEN)) * 0.1).astype(np.float32)
+    w[2900] = w[1200] = w[50] = h[1] * 0.5            # row 1: a 3-way tie for the top, across parts
+    for i, c in enumerate([1.0, 0.9, 0.8, 0.7, 0.6]):  # row 3: 5 clear leaders, then a tie for the
+        w[100 + 300 * i] = h[3] * c                    # 6th place (2500 and 1500 equal: 1500 wins)
+    w[2500] = w[1500] = h[3] * 0.5
+    raw, _ = encode(w, qtype)
+    logits = np.empty((5, vocab), np.float32)
+    _native.linear(h, raw, qtype, vocab, logits)
+    assert logits[1, 50] == logits[1, 1200] == logits[1, 2900] == logits[1].max()
+    assert logits[3, 1500] == logits[3, 2500]
+    best_val, best_idx, run_max, run_sum = topk_in_parts(h, raw, qtype, vocab, k, [1000, 1700])
+    order = np.argsort(-logits, axis=1, kind="stable")[:, :k]     # value descending, then id
+    assert np.array_equal(best_idx, order)
+    assert best_idx[1, :3].tolist() == [50, 1200, 2900] and best_idx[3, 5] == 1500
+    assert np.array_equal(best_val, np.take_along_axis(logits, order, axis=1))
+    assert np.array_equal(run_max, logits.max(axis=1))
+    wide = logits.astype(np.float64)
+    lse = wide.max(axis=1) + np.log(np.exp(wide - wide.max(axis=1, keepdims=True)).sum(axis=1))
+    np.testing.assert_allclose(run_max + np.log(run_sum), lse, rtol=0, atol=1e-6)
+    ids, logprobs = topk_result(best_val, best_idx, run_max, run_sum)
+    np.testing.assert_allclose(logprobs, np.take_along_axis(log_softmax(logits), order, axis=1), rtol=0, atol=2e-6)
+    # however the vocabulary is split, and whichever rows run together: the same bits
+    for got in (topk_in_parts(h, raw, qtype, vocab, k, []), topk_in_parts(h, raw, qtype, vocab, k, [1, 2999])):
+        for a, b in zip(got, (best_val, best_idx, run_max, run_sum)):
+            assert np.array_equal(a, b)
+    for r in range(5):
+        alone = topk_in_parts(h[r:r + 1], raw, qtype, vocab, k, [1000, 1700])
+        for a, b in zip(alone, (best_val, best_idx, run_max, run_sum)):
+            assert np.array_equal(a[0], b[r])
+
+
+def test_topk_update_arguments():
+    rng = np.random.default_rng(8)
+    h = rng.standard_normal((2, HIDDEN)).astype(np.float32)
+    raw, _ = encode((rng.standard_normal((5, HIDDEN)) * 0.1).astype(np.float32), F32)
+    best_val, best_idx, run_max, run_sum = topk_state(2, 8)        # k larger than the 5 rows
+    _native.topk_update(h, raw, F32, 5, 0, best_val, best_idx, run_max, run_sum)
+    assert sorted(best_idx[:, :5].ravel().tolist()) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert (best_idx[:, 5:] == EMPTY_ID).all() and (best_val[:, 5:] == -np.inf).all()
+    bad = [((best_val, best_idx[:, :4], run_max, run_sum), "best_idx"),
+           ((best_val, best_idx.astype(np.int32), run_max, run_sum), "best_idx"),
+           ((best_val[:1], best_idx[:1], run_max, run_sum), "best_val"),
+           ((best_val[:, :0], best_idx[:, :0], run_max, run_sum), "best_val"),
+           ((best_val, best_idx, run_max, run_sum.astype(np.float32)), "run_sum"),
+           ((best_val, best_idx, run_max[:1], run_sum), "run_max")]
+    for args, name in bad:
+        with pytest.raises(ValueError, match=name):
+            _native.topk_update(h, raw, F32, 5, 0, *args)
+    with pytest.raises(ValueError, match="bytes"):
+        _native.topk_update(h, raw[:-4], F32, 5, 0, best_val, best_idx, run_max, run_sum)
 
 # -- layout errors ---------------------------------------------------------------------
 

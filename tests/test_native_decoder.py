@@ -1,6 +1,6 @@
 """The native decoder (lever.model.native_decoder / native_loader) and the streamed
 store on top of it: against the torch reference, streamed == resident bit for bit,
-tree rows == the same tokens decoded alone, the argmax head, and the loader's memory."""
+tree rows == the same tokens decoded alone, the argmax and top-k heads, and the loader's memory."""
 
 import mmap
 import tracemalloc
@@ -13,6 +13,8 @@ from lever.errors import UnsupportedModelError
 from lever.model.gguf_file import GGUFFile
 from lever.model.gguf_loader import load_gguf_model
 from lever.model.native_loader import load_gguf_native
+from lever.model.torch_reference import load_gguf_torch
+from lever.sampling import log_softmax
 from lever.store.convert import convert
 from lever.store.manifest import StoreManifest
 from lever.store.residency import fixed_costs, pass_order
@@ -217,11 +219,34 @@ def argmax_equals_logits(model, ids) -> None:
         assert best.dtype == np.int64 and np.array_equal(best, logits.argmax(axis=-1))
 
 
+def topk_equals_logits(model, ids, k: int = 5) -> None:
+    """head="topk": the first k of the stable argsort of -log_softmax(head="logits")
+    (largest first, ties by token id), log-probs within float32 rounding."""
+    n = len(ids)
+    for rows in (None, np.array([n - 1]), np.array([0, 2, n - 1])):
+        logits = model(np.array(ids), np.arange(n), causal(n), model.new_cache(), logits_rows=rows)
+        top, lp = model(np.array(ids), np.arange(n), causal(n), model.new_cache(), logits_rows=rows,
+                        head="topk", topk=k)
+        ref = log_softmax(logits)
+        order = np.argsort(-ref, axis=-1, kind="stable")[:, :k]
+        assert top.dtype == np.int64 and lp.dtype == np.float32 and top.shape == lp.shape == (len(logits), k)
+        assert np.array_equal(top, order)
+        np.testing.assert_allclose(lp, np.take_along_axis(ref, order, axis=-1), rtol=0, atol=2e-6)
+    whole, _ = model(np.array(ids), np.arange(n), causal(n), model.new_cache(), head="topk", topk=10_000)
+    assert whole.shape == (n, model.config.vocab_size)                # k is clipped to the vocabulary
+
+
 @pytest.mark.parametrize("arch", [a for a, _ in ARCHS])
 def test_tiny_tree_rows_and_argmax(tiny, arch):
     model, _ = load_gguf_native(tiny[arch], "bfloat16")
     tree_rows_equal_alone(model, TOKENS)
     argmax_equals_logits(model, TOKENS)
+    topk_equals_logits(model, TOKENS)
+
+
+def test_torch_reference_topk(tiny):
+    model, _ = load_gguf_torch(tiny["qwen2"], "float32")
+    topk_equals_logits(model, TOKENS)
 
 
 @pytest.mark.real
@@ -235,7 +260,26 @@ def test_streamed_argmax_over_head_parts(tiny_stores):
     store = tiny_stores["llama"]
     model = StreamedDecoder(store, budgets(store)[0], "float32")
     argmax_equals_logits(model, TOKENS)
+    topk_equals_logits(model, TOKENS)
     model.close()
+
+
+def test_streamed_topk_over_many_head_parts_equals_resident(tmp_path):
+    """A 3000-token vocabulary streams its head in several parts: the top-k
+    state carried across them gives the resident model's (one part) bits."""
+    path = write_tiny_gguf(tmp_path / "wide.gguf", "llama", True, vocab=3000)
+    store = convert(str(path), tmp_path / "wide", progress=False)
+    model = StreamedDecoder(store, budgets(store)[0], "float32")
+    resident, _ = load_gguf_native(path, "float32")
+    try:
+        assert len(model.weights.head_parts) > 2
+        topk_equals_logits(model, TOKENS)
+        n = len(TOKENS)
+        got = model(np.array(TOKENS), np.arange(n), causal(n), model.new_cache(), head="topk", topk=7)
+        want = resident(np.array(TOKENS), np.arange(n), causal(n), resident.new_cache(), head="topk", topk=7)
+        assert all(np.array_equal(x, y) for x, y in zip(got, want))
+    finally:
+        model.close()
 
 
 def test_bad_arguments(tiny):
@@ -243,6 +287,9 @@ def test_bad_arguments(tiny):
     cache = model.new_cache()
     with pytest.raises(ValueError, match="head must be"):
         model(np.array([1]), np.array([0]), causal(1), cache, head="top")
+    for topk in (None, 0, 2.0):
+        with pytest.raises(ValueError, match="topk >= 1"):
+            model(np.array([1]), np.array([0]), causal(1), cache, head="topk", topk=topk)
     with pytest.raises(ValueError, match="mask has shape"):
         model(np.array([1, 2]), np.arange(2), causal(1), cache)
     with pytest.raises(ValueError, match="outside the vocabulary"):

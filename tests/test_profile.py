@@ -44,13 +44,13 @@ def streamed(smol_store, half_budget):
 
 def resident_key(smol, smollm2_path, **kw):
     args = dict(target_id=smollm2_path, draft_id=smollm2_path, kernels="native", reader_backend="auto",
-                read_limit_bytes_per_s=0.0, dram_budget=None, dtype="bfloat16")
+                read_limit_bytes_per_s=0.0, dtype="bfloat16")
     return profile_key(smol, smol, **{**args, **kw})
 
 
 def streamed_key(model, smollm2_path, **kw):
     args = dict(target_id=model.store_dir, draft_id=smollm2_path, kernels="native", reader_backend="auto",
-                read_limit_bytes_per_s=0.0, dram_budget=model.plan.budget, dtype="bfloat16")
+                read_limit_bytes_per_s=0.0, dtype="bfloat16")
     return profile_key(model, model, **{**args, **kw})
 
 
@@ -147,7 +147,7 @@ def test_cache_hit_does_not_measure(smol, smollm2_path, tmp_path, counted, capsy
 
 def test_every_key_change_is_another_file(streamed, smollm2_path, smol, tmp_path):
     base = streamed_key(streamed, smollm2_path)
-    variants = [base, streamed_key(streamed, smollm2_path, dram_budget=streamed.plan.budget + 1),
+    variants = [base,
                 streamed_key(streamed, smollm2_path, kernels="torch"),
                 streamed_key(streamed, smollm2_path, read_limit_bytes_per_s=200e6),
                 streamed_key(streamed, smollm2_path, dtype="float32"),

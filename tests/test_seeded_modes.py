@@ -8,6 +8,8 @@
    the one-token pass may round a logit differently).
 2. 2,000 new tokens in every mode, greedy and sampled: the KV caches are
    sized for the whole run up front and the output equals plain decoding's.
+
+The models are a native random pair (tests/tiny_model.py).
 """
 
 from __future__ import annotations
@@ -20,10 +22,8 @@ from lever.draft.base import TreeShape
 from lever.draft.model_drafter import ModelDrafter
 from lever.draft.ngram import NgramDrafter
 from lever.engine import SpecConfig, speculative_generate
-from lever.model.kv_cache import KVCache
 from lever.sampling import SamplingParams, position_noise, processed_logits
-from test_speculative import (check_greedy, full_logits, lever_spec, perturbed_copy, random_hf, random_prompts,
-                              save_and_load)
+from test_speculative import NATIVE_SIZES, check_greedy, full_logits, lever_spec, native_pair, random_prompts
 
 SCORE_TIE = 1e-3        # a sampled divergence is accepted only below this Gumbel-max score gap
 
@@ -38,11 +38,10 @@ MODES = {
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    """A random Llama target (context 2,560) and a noisy copy of it as the draft."""
-    hf = random_hf("llama", False, seed=21, initializer_range=0.08, max_position_embeddings=2560)
-    target = save_and_load(hf, tmp_path_factory.mktemp("seeded-target"))
-    draft = save_and_load(perturbed_copy(hf, noise=0.15, seed=22), tmp_path_factory.mktemp("seeded-draft"))
-    return target, draft
+    """A native random Llama target (context 2,560) and a noisy copy of it as the draft."""
+    sizes = {**NATIVE_SIZES, "context": 2560}
+    return native_pair(tmp_path_factory.mktemp("seeded"), "llama", False, seed=21, noise=0.15, std=0.08,
+                       matrix_type="Q8_0", **sizes)
 
 
 def make_drafter(kind, draft):
@@ -111,31 +110,47 @@ def long_references(pair):
     return prompt, greedy, sampled
 
 
+class CacheLog:
+    """A model that remembers every KV cache it makes, with the capacity it was made with."""
+
+    def __init__(self, model):
+        self.model, self.made = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def new_cache(self, capacity=256):
+        cache = self.model.new_cache(capacity)
+        self.made.append((cache, cache.capacity))
+        return cache
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def grown(self) -> list[tuple[int, int, int]]:
+        """(rows made with, rows now, rows used) of every cache that grew or is over-full."""
+        return [(rows, c.capacity, c.length) for c, rows in self.made if c.capacity != rows or c.length > rows]
+
+
 @pytest.mark.parametrize("mode", ["ar", *MODES])
-def test_2000_tokens_in_every_mode(pair, long_references, monkeypatch, mode):
+def test_2000_tokens_in_every_mode(pair, long_references, mode):
     """No cache grows during a forward: every KV cache the run makes is
     allocated once, at a size that holds the whole run."""
     target, draft = pair
     prompt, greedy, sampled = long_references
     spec, kind = MODES.get(mode, (SpecConfig("ar"), None))
-    grown = []
-    original = KVCache.reserve
-
-    def recording_reserve(cache, n_rows):
-        if n_rows > cache.capacity:
-            grown.append((cache.capacity, n_rows))
-        original(cache, n_rows)
-
-    monkeypatch.setattr(KVCache, "reserve", recording_reserve)
+    logged = CacheLog(target), CacheLog(draft)
     for params, ref in ((SamplingParams(), greedy), (SamplingParams(temperature=0.9, seed=4), sampled)):
-        drafter = make_drafter(kind, draft) if kind else None
-        result, _ = speculative_generate(target, drafter, prompt, LONG, params, spec)
+        drafter = make_drafter(kind, logged[1]) if kind else None
+        result, _ = speculative_generate(logged[0], drafter, prompt, LONG, params, spec)
         assert len(result.token_ids) == LONG
         if params.greedy:
             check_greedy(target, prompt, result.token_ids, ref, f"{mode} greedy", [])
         else:
             check_sampled(target, prompt, result.token_ids, ref, params, 4, f"{mode} sampled")
-    assert not grown, f"{mode}: KV caches grew mid-run: {grown}"
+    assert len(logged[0].made) == 2 and len(logged[1].made) == (2 if kind == "model" else 0)
+    grown = logged[0].grown() + logged[1].grown()
+    assert not grown, f"{mode}: KV caches grew mid-run (rows made with, rows now, rows used): {grown}"
 
 
 def test_a_cache_grown_inside_a_forward_stays_usable(pair):

@@ -3,15 +3,19 @@
 1. Greedy: every mode (ar, chain, tree) emits exactly the tokens of
    target-only greedy decoding -- on real SmolLM2-135M (prompt-lookup drafts
    and self-drafting), on random-weight target/draft pairs, and (slow) on the
-   real Qwen2.5-Coder 0.5B -> 1.5B pair.  A divergence is tolerated only at a
-   near-tie of the target (top-2 logit gap < 1e-3 in a fresh full forward).
+   real Qwen2.5-Coder 0.5B -> 1.5B pair, all on the native decoder (and the
+   random pairs on the torch reference too).  A divergence is tolerated only
+   at a near-tie of the target (top-2 logit gap < 1e-3 in a fresh full
+   forward) -- and on the native random pairs not at all: a token verified
+   in a tree gets bit for bit the logits it gets decoded alone.
 2. Sampling: the joint distribution of the first 3 tokens under target-only
    sampling, the position-keyed draws over trees, chains and lever trees,
    and the Leviathan baseline over chains drafted by a model and by prompt
    lookup (one-hot q) fits the *exact* target distribution (enumerated) in a
-   chi-square test; deliberately wrong rules fail the same test.
+   chi-square test; deliberately wrong rules fail the same test (a native
+   random pair).
 3. After every iteration the target's and the drafter's KV caches equal a
-   fresh computation over the committed tokens.
+   fresh computation over the committed tokens, bit for bit.
 4. Bad input.
 """
 
@@ -35,9 +39,12 @@ from lever.engine import SpecConfig, speculative_generate
 from lever.errors import ContextOverflowError, LeverError
 from lever.autoregressive import generate_tokens
 from lever.masks import causal_mask
-from lever.model.torch_reference import load_checkpoint_torch, load_gguf_torch
+from lever.model.native_decoder import NativeDecoder
+from lever.model.native_loader import load_gguf_native
+from lever.model.torch_reference import load_checkpoint_torch
 from lever.sampling import SamplingParams, processed_probs, sample_at
 from lever.verify.rules import draw
+from tiny_model import write_tiny_gguf
 
 TIE_GAP = 1e-3          # fp32: a greedy divergence is accepted only below this top-2 logit gap
 P_THRESHOLD = 1e-3      # chi-square goodness-of-fit threshold
@@ -147,6 +154,17 @@ def save_and_load(hf, directory):
     return load_checkpoint_torch(directory, "float32")
 
 
+def native_pair(directory, arch: str, tied: bool, seed: int, noise: float, dtype: str = "float32",
+                matrix_type: str = "F32", **sizes):
+    """A random GGUF target (tests/tiny_model.py, model `seed`) and a weaker draft
+    with the same vocabulary (the target plus relative noise `noise`), on the
+    native decoder with a `dtype` KV cache.  sizes: write_tiny_gguf's keywords."""
+    common = dict(arch=arch, tied=tied, seed=seed, matrix_type=matrix_type, **sizes)
+    target = write_tiny_gguf(directory / "target.gguf", **common)
+    draft = write_tiny_gguf(directory / "draft.gguf", noise=noise, noise_seed=seed + 1, **common)
+    return load_gguf_native(target, dtype)[0], load_gguf_native(draft, dtype)[0]
+
+
 def run_spec(target, drafter, prompt, n, spec, params=SamplingParams(), stop_ids=frozenset()):
     result, stats = speculative_generate(target, drafter, prompt, n, params=params, spec=spec, stop_ids=stop_ids)
     return result.token_ids, stats
@@ -220,7 +238,7 @@ def smol_modes(i: int) -> list[str]:
 @pytest.fixture(scope="module")
 def smol(smollm2_path, lever_cache):
     from lever.model.tokenizer import Tokenizer
-    model, gguf = load_gguf_torch(smollm2_path, "float32")
+    model, gguf = load_gguf_native(smollm2_path, "float32")
     tok = Tokenizer.from_gguf(gguf, cache_dir=lever_cache / "tokenizers")
     prompts = [tok.encode(tok.format_prompt(text) if chat else text) for text, chat in SMOL_PROMPTS]
     stop = frozenset(tok.eos_token_ids)
@@ -264,21 +282,113 @@ def test_smollm2_self_drafting_greedy_is_exact(smol):
     assert acc.mean_len("lever") > 2
 
 
+class LogitsRecorder:
+    """The target, asked for the logits of every row of every pass (an argmax
+    head is answered from them: the first index of each row's maximum, as the
+    native argmax head is); remembers each full pass's (tokens, positions,
+    mask, logits) -- prefill passes, which ask for some rows only, are not kept."""
+
+    def __init__(self, model):
+        self.model, self.passes = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, tokens, positions, mask, cache, logits_rows=None, head="logits"):
+        out = self.model(tokens, positions, mask, cache, logits_rows=logits_rows, head="logits")
+        if logits_rows is None:
+            self.passes.append((np.asarray(tokens), np.asarray(positions), np.asarray(mask), out))
+        return out.argmax(axis=-1) if head == "argmax" else out
+
+    forward = __call__
+
+
+def logits_alone(model, ids, first: int) -> dict[int, np.ndarray]:
+    """{p: logits of ids[p] decoded alone}: a one-token pass after ids[:p], for p >= first."""
+    cache = model.new_cache(capacity=len(ids))
+    model(np.array(ids[:first]), np.arange(first), causal_mask(first, 0), cache, logits_rows=np.array([first - 1]))
+    return {p: model(np.array([ids[p]]), np.array([p]), causal_mask(1, p), cache)[0] for p in range(first, len(ids))}
+
+
+def accepted_rows(tokens, positions, mask, committed) -> list[int]:
+    """Rows of a tree pass whose token and every ancestor's is the committed token at
+    its position: the root and the accepted draft tokens."""
+    n = mask.shape[1] - len(tokens)
+    on_path = [p < len(committed) and t == committed[p] for t, p in zip(tokens.tolist(), positions.tolist())]
+    return [i for i in range(len(tokens)) if all(on_path[j] for j in np.flatnonzero(mask[i, n:]))]
+
+
+@pytest.mark.real
+def test_smollm2_tree_tokens_get_their_logits_alone_bitwise(smol, smollm2_path):
+    """Model level, on the native decoder: a greedy tree run drafted by a second
+    native SmolLM2 (bfloat16 KV cache, so some drafts miss) emits the tokens of
+    target-only greedy decoding, and the target's logits of every token
+    accepted inside a tree are bit for bit those of the token decoded alone."""
+    model, tok, prompts, refs, stop = smol
+    draft, _ = load_gguf_native(smollm2_path, "bfloat16")
+    checked, drafted_checked, passes = 0, 0, 0
+    for i in (0, 2, 9):
+        got, stats = run_spec(model, ModelDrafter(draft), prompts[i], SMOL_NEW_TOKENS, SPECS["tree16x4x6"],
+                              stop_ids=stop)
+        assert got == refs[i], f"prompt {i}: tree run {got} vs target-only {refs[i]}"
+        recorder = LogitsRecorder(model)
+        again, _ = run_spec(recorder, ModelDrafter(draft), prompts[i], SMOL_NEW_TOKENS, SPECS["tree16x4x6"],
+                            stop_ids=stop)
+        assert again == got
+        committed = prompts[i] + got
+        alone = logits_alone(model, committed, len(prompts[i]) - 1)
+        assert len(recorder.passes) == stats.iterations
+        for tokens, positions, mask, logits in recorder.passes:
+            rows = accepted_rows(tokens, positions, mask, committed)
+            assert rows and rows[0] == 0                      # the root is always on the path
+            for r in rows:
+                p = int(positions[r])
+                assert np.array_equal(logits[r], alone[p]), (
+                    f"prompt {i}: tree row {r} (token {tokens[r]} at position {p}) differs from the token "
+                    f"decoded alone by up to {np.abs(logits[r] - alone[p]).max():.3e}")
+            checked += len(rows)
+            drafted_checked += len(rows) - 1
+            passes += 1
+    print(f"smollm2 tree logits: {checked} accepted tree tokens in {passes} passes, bitwise equal to alone")
+    assert drafted_checked > passes, "too few draft tokens accepted for the check to mean much"
+
+
 # --- 1b. random-weight target/draft pairs -----------------------------------------
 
 RANDOM_NEW_TOKENS = 24
 
 
-# (arch, tied embeddings, init std, draft noise): a tied model at the default std
-# 0.02 only ever repeats its last token; std 0.2 gives it varied output
-@pytest.fixture(scope="module", params=[("llama", False, 0.02, 0.3), ("qwen2", True, 0.2, 0.1)],
-                ids=lambda p: f"{p[0]}-{'tied' if p[1] else 'untied'}")
+# native pairs: (arch, tied embeddings, matrix type, KV cache dtype, init std, draft
+# noise); quantised matrices need sizes in whole blocks (ff 128, not 112)
+NATIVE_PAIRS = [("llama", False, "Q8_0", "float32", 0.2, 0.15), ("qwen2", True, "F32", "bfloat16", 0.2, 0.1)]
+NATIVE_SIZES = dict(vocab=211, hidden=64, ff=128, heads=8, kv_heads=2, context=512)
+# torch reference pairs (Hugging Face checkpoints): (arch, tied embeddings, init std,
+# draft noise): a tied model at the default std 0.02 only ever repeats its last
+# token; std 0.2 gives it varied output
+HF_PAIRS = [("llama", False, 0.02, 0.3), ("qwen2", True, 0.2, 0.1)]
+
+
+def native_pair_id(p) -> str:
+    return f"native-{p[0]}-{'tied' if p[1] else 'untied'}-{p[2]}-{p[3]}"
+
+
+@pytest.fixture(scope="module", params=NATIVE_PAIRS, ids=native_pair_id)
 def random_pair(request, tmp_path_factory):
+    """(label, target, draft): a native random target and its noisy copy as the draft."""
+    arch, tie, mtype, dtype, std, noise = request.param
+    target, draft = native_pair(tmp_path_factory.mktemp(f"native-{arch}"), arch, tie, seed=10, noise=noise,
+                                dtype=dtype, matrix_type=mtype, std=std, **NATIVE_SIZES)
+    return native_pair_id(request.param), target, draft
+
+
+@pytest.fixture(scope="module", params=HF_PAIRS, ids=lambda p: f"hf-{p[0]}-{'tied' if p[1] else 'untied'}")
+def hf_random_pair(request, tmp_path_factory):
+    """(label, target, draft) on the torch reference, from Hugging Face checkpoints."""
     arch, tie, std, noise = request.param
     hf = random_hf(arch, tie, seed=10, initializer_range=std)
     target = save_and_load(hf, tmp_path_factory.mktemp(f"target-{arch}"))
     draft = save_and_load(perturbed_copy(hf, noise=noise, seed=11), tmp_path_factory.mktemp(f"draft-{arch}"))
-    return arch, target, draft
+    return f"hf-{arch}", target, draft
 
 
 def random_prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
@@ -293,8 +403,7 @@ def random_prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
     return out
 
 
-def test_random_pair_greedy_is_exact(random_pair):
-    arch, target, draft = random_pair
+def check_random_pair_greedy(label, target, draft):
     prompts = random_prompts(target.config.vocab_size, 8, seed=12)
     acc, divergences = Acceptance(), []
     for i, ids in enumerate(prompts):
@@ -304,13 +413,24 @@ def test_random_pair_greedy_is_exact(random_pair):
                                                            if mode not in ("ar", "lever") else [])
             for name, drafter in drafters:
                 got, stats = run_spec(target, drafter, ids, RANDOM_NEW_TOKENS, spec)
-                check_greedy(target, ids, got, ref, f"{arch} {name} {mode} prompt {i}", divergences)
+                check_greedy(target, ids, got, ref, f"{label} {name} {mode} prompt {i}", divergences)
                 acc.add(f"{name}-{mode}", stats)
-    acc.report(f"random {arch}")
+    acc.report(f"random {label}")
     for mode in SPECS:
         if mode != "ar":
             assert acc.acc[f"model-{mode}"] > 0, f"the perturbed draft never got a token accepted in {mode}"
     assert acc.acc["model-ar"] == 0 and acc.mean_len("model-ar") == 1.0
+    if isinstance(target, NativeDecoder):
+        # every row of a native pass is computed as if alone: no near-tie can flip a token
+        assert not divergences, divergences
+
+
+def test_random_pair_greedy_is_exact(random_pair):
+    check_random_pair_greedy(*random_pair)
+
+
+def test_hf_random_pair_greedy_is_exact(hf_random_pair):
+    check_random_pair_greedy(*hf_random_pair)
 
 
 # --- 1c. real Qwen2.5-Coder pair in bf16 (slow) -----------------------------------
@@ -328,8 +448,8 @@ QWEN_PROMPTS = [
 @pytest.mark.real
 def test_qwen_pair_bf16_greedy_is_exact(qwen05_path, qwen15_path, lever_cache):
     from lever.model.tokenizer import Tokenizer
-    target, gguf = load_gguf_torch(qwen15_path, "bfloat16")
-    draft, _ = load_gguf_torch(qwen05_path, "bfloat16")
+    target, gguf = load_gguf_native(qwen15_path, "bfloat16")
+    draft, _ = load_gguf_native(qwen05_path, "bfloat16")
     tok = Tokenizer.from_gguf(gguf, cache_dir=lever_cache / "tokenizers")
     stop = frozenset(tok.eos_token_ids)
     acc, divergences = Acceptance(), []
@@ -357,13 +477,11 @@ SAMPLE_LEVER = lever_spec(max_nodes=6, max_depth=2, topk=3)
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    """A 20-token-vocabulary target with spread-out logits and a noisy copy as draft."""
-    hf = random_hf("llama", False, seed=0, vocab_size=20, hidden_size=32, intermediate_size=64,
-                   num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=128,
-                   initializer_range=0.2)
-    target = save_and_load(hf, tmp_path_factory.mktemp("tiny-target"))
-    draft = save_and_load(perturbed_copy(hf, noise=0.2, seed=1), tmp_path_factory.mktemp("tiny-draft"))
-    return target, draft
+    """A 20-token-vocabulary native target with spread-out logits (model seed 137:
+    the prompt-lookup draft is plausible, see exact_reference) and a noisy copy
+    as draft."""
+    return native_pair(tmp_path_factory.mktemp("tiny-pair"), "llama", False, seed=137, noise=0.2,
+                       vocab=20, hidden=32, ff=64, heads=4, kv_heads=2, layers=1, context=128, std=0.2)
 
 
 # the last two tokens repeat the first two: prompt lookup drafts [1, 9]
@@ -529,18 +647,27 @@ def test_wrong_rule_is_rejected(tiny_pair, exact_reference, monkeypatch, kind, a
 
 # --- 3. KV compaction ------------------------------------------------------------
 
+def kv_rows(cache, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(K, V) of every layer's first n rows, float32 [n_kv_heads, n, head_dim] each."""
+    out = []
+    for layer in range(cache.n_layers):
+        k, v = cache.layer_rows(layer)
+        out.append((k[:, :n], v[:, :n]))
+    return out
+
+
 def fresh_kv(model, ids):
     cache = model.new_cache(capacity=len(ids))
     model(np.array(ids, dtype=np.int64), np.arange(len(ids)), causal_mask(len(ids), 0), cache)
-    return cache._k[:, :, : len(ids)], cache._v[:, :, : len(ids)]
+    return kv_rows(cache, len(ids))
 
 
 def assert_cache_equals_fresh(model, cache, ids, label):
+    """Bit for bit: a committed row is the row a fresh pass over the committed tokens makes."""
     assert cache.length == len(ids), f"{label}: cache holds {cache.length} rows, expected {len(ids)}"
-    k, v = fresh_kv(model, ids)
-    for name, got, ref in (("K", cache._k[:, :, : len(ids)], k), ("V", cache._v[:, :, : len(ids)], v)):
-        err = float((got - ref).abs().max())
-        assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), f"{label}: {name} differs by {err:.2e}"
+    for layer, (got, ref) in enumerate(zip(kv_rows(cache, len(ids)), fresh_kv(model, ids))):
+        for name, g, r in zip("KV", got, ref):
+            assert np.array_equal(g, r), f"{label}: layer {layer} {name} differs by {np.abs(g - r).max():.2e}"
 
 
 class RecordingTarget:
@@ -611,7 +738,7 @@ class CheckingDrafter:
 ])
 @pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
 def test_kv_caches_equal_fresh_computation(random_pair, drafter_kind, mode, spec, params):
-    arch, target, draft = random_pair
+    _, target, draft = random_pair
     check_caches(target, draft, drafter_kind, mode, spec, params)
 
 
@@ -622,7 +749,7 @@ def test_kv_caches_equal_fresh_computation(random_pair, drafter_kind, mode, spec
 def test_kv_caches_equal_fresh_computation_lever(random_pair, mode, spec, params):
     """Mode lever drafts only from a model: its draft rows follow the grower's
     expansion order, not the tree's index order."""
-    arch, target, draft = random_pair
+    _, target, draft = random_pair
     check_caches(target, draft, "model", mode, spec, params)
 
 
@@ -651,9 +778,10 @@ def check_caches(target, draft, drafter_kind, mode, spec, params):
 
 @pytest.fixture(scope="module")
 def small_context_model(tmp_path_factory):
-    hf = random_hf("llama", False, seed=3, vocab_size=50, hidden_size=32, intermediate_size=64,
-                   num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=64)
-    return save_and_load(hf, tmp_path_factory.mktemp("ctx64"))
+    """A native random model with a context of 64 tokens."""
+    path = write_tiny_gguf(tmp_path_factory.mktemp("ctx64") / "m.gguf", "llama", False, seed=3, matrix_type="F32",
+                           vocab=50, hidden=32, ff=64, heads=4, kv_heads=2, layers=1, context=64)
+    return load_gguf_native(path, "float32")[0]
 
 
 @pytest.mark.parametrize("mode", ["tree", "chain"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,3 +115,64 @@ def test_draw_follows_the_weights_and_skips_zeros():
     assert counts[[0, 2, 5]].sum() == 0
     np.testing.assert_allclose(counts / counts.sum(), weights, atol=0.015)
     assert draw(np.array([0.0, 0.0, 1e-30], dtype=np.float32), rng) == 2
+
+
+# -- the commands themselves run without torch (native kernels) -----------------------
+
+NO_TORCH_CLI = Path(__file__).with_name("no_torch_cli.py")
+
+
+def run_without_torch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`lever ARGS` in a fresh interpreter (tests/no_torch_cli.py): exit 3 means torch was imported."""
+    return subprocess.run([sys.executable, str(NO_TORCH_CLI), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_ran_without_torch(out: subprocess.CompletedProcess) -> None:
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("draft", [["--mode", "tree", "--tree-budget", "4", "--draft", "ngram"],
+                                   ["--mode", "lever", "--draft", "smollm2-135m", "--lever-max-nodes", "8"]],
+                         ids=["tree-ngram", "lever-model-draft"])
+def test_generate_runs_without_torch(smollm2_path, lever_cache, draft):
+    out = run_without_torch("generate", "--model", str(smollm2_path), "--prompt", "def fib(n):",
+                            "--max-new-tokens", "4", "--cache-dir", str(lever_cache), *draft)
+    assert_ran_without_torch(out)
+    assert "4 tokens" in out.stderr
+
+
+@pytest.mark.real
+def test_the_harness_sees_torch(smollm2_path, lever_cache):
+    """--kernels torch imports torch: the runner must say so (exit 3), or the tests above prove nothing."""
+    out = run_without_torch("generate", "--model", str(smollm2_path), "--prompt", "hi", "--max-new-tokens", "1",
+                            "--kernels", "torch", "--cache-dir", str(lever_cache))
+    assert out.returncode == 3, out.stderr[-4000:]
+    assert "torch was imported" in out.stderr
+
+
+@pytest.mark.real
+def test_bench_runs_without_torch(smollm2_path, lever_cache, tmp_path):
+    out = run_without_torch("bench", "--target", str(smollm2_path), "--quick", "--prompts", "1", "--new-tokens", "4",
+                            "--modes", "ar", "tree:4", "--out", str(tmp_path), "--no-progress",
+                            "--cache-dir", str(lever_cache))
+    assert_ran_without_torch(out)
+    assert (tmp_path / "bench.json").is_file()
+
+
+@pytest.mark.real
+def test_profile_runs_without_torch(smollm2_path, lever_cache):
+    out = run_without_torch("profile", "--target", str(smollm2_path), "--draft", str(smollm2_path), "--max-n", "2",
+                            "--force", "--no-progress", "--json", "--cache-dir", str(lever_cache))
+    assert_ran_without_torch(out)
+    assert "iteration_overhead_s" in out.stdout
+
+
+@pytest.mark.real
+def test_serve_verifier_runs_without_torch(smollm2_path, lever_cache):
+    """Served on the runner's main thread; its second thread verifies one tree, then stops it."""
+    out = run_without_torch("serve-verifier", "--model", str(smollm2_path), "--max-tree-nodes", "4",
+                            "--cache-dir", str(lever_cache))
+    assert_ran_without_torch(out)
+    assert "serving" in out.stderr

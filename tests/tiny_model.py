@@ -15,27 +15,40 @@ TOKENS = [1, 5, 9, 33, 2]
 
 
 def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0,
-                    matrix_type: str = "Q8_0") -> Path:
+                    matrix_type: str = "Q8_0", *, vocab: int = VOCAB, hidden: int = D, ff: int = FF,
+                    heads: int = HEADS, kv_heads: int = KV_HEADS, layers: int = LAYERS, context: int = 256,
+                    std: float = 0.2, noise: float = 0.0, noise_seed: int = 1,
+                    rope_theta: float = 10000.0) -> Path:
     """A 2-layer `arch` model; `tied`: no output.weight (the head is the embedding);
-    matrix_type: the ggml type of every matrix ("Q8_0", "F32", "F16", "BF16", "Q4_1", ...)."""
+    matrix_type: the ggml type of every matrix ("Q8_0", "F32", "F16", "BF16", "Q4_1", ...).
+
+    vocab, hidden, ff, heads, kv_heads, layers, context (tokens): the sizes
+    (quantised matrices need hidden and ff to be multiples of the block, 32).
+    std: the weights' standard deviation (norms and biases are 1 + that).
+    noise > 0: a perturbed copy of the model `seed` gives -- every tensor plus
+    Gaussian noise of `noise` times its standard deviation, drawn from
+    `noise_seed` -- a weaker draft for that model with the same vocabulary."""
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(LAYERS)
-    w.add_context_length(256)
-    w.add_embedding_length(D)
-    w.add_feed_forward_length(FF)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
+    w.add_block_count(layers)
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(VOCAB)
+    w.add_rope_freq_base(rope_theta)
+    w.add_vocab_size(vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
-    w.add_token_types([1] * VOCAB)
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    w.add_token_types([1] * vocab)
     rng = np.random.default_rng(seed)
-    hd = D // HEADS
+    perturb = np.random.default_rng(noise_seed) if noise > 0 else None
+    hd = hidden // heads
 
     def add(name, shape, quantize=True):
-        x = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        x = (rng.standard_normal(shape) * std).astype(np.float32)
+        if perturb is not None:
+            x = x + (perturb.standard_normal(shape) * noise * x.std()).astype(np.float32)
         if len(shape) == 1:
             x = 1.0 + x                     # norms near 1
         if quantize and len(shape) == 2 and matrix_type != "F32":
@@ -45,24 +58,24 @@ def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: in
         else:
             w.add_tensor(name, x)
 
-    add("token_embd.weight", (VOCAB, D))
-    for i in range(LAYERS):
-        add(f"blk.{i}.attn_norm.weight", (D,))
-        add(f"blk.{i}.attn_q.weight", (HEADS * hd, D))
-        add(f"blk.{i}.attn_k.weight", (KV_HEADS * hd, D))
-        add(f"blk.{i}.attn_v.weight", (KV_HEADS * hd, D))
+    add("token_embd.weight", (vocab, hidden))
+    for i in range(layers):
+        add(f"blk.{i}.attn_norm.weight", (hidden,))
+        add(f"blk.{i}.attn_q.weight", (heads * hd, hidden))
+        add(f"blk.{i}.attn_k.weight", (kv_heads * hd, hidden))
+        add(f"blk.{i}.attn_v.weight", (kv_heads * hd, hidden))
         if arch == "qwen2":
-            add(f"blk.{i}.attn_q.bias", (HEADS * hd,))
-            add(f"blk.{i}.attn_k.bias", (KV_HEADS * hd,))
-            add(f"blk.{i}.attn_v.bias", (KV_HEADS * hd,))
-        add(f"blk.{i}.attn_output.weight", (D, HEADS * hd))
-        add(f"blk.{i}.ffn_norm.weight", (D,))
-        add(f"blk.{i}.ffn_gate.weight", (FF, D))
-        add(f"blk.{i}.ffn_up.weight", (FF, D))
-        add(f"blk.{i}.ffn_down.weight", (D, FF))
-    add("output_norm.weight", (D,))
+            add(f"blk.{i}.attn_q.bias", (heads * hd,))
+            add(f"blk.{i}.attn_k.bias", (kv_heads * hd,))
+            add(f"blk.{i}.attn_v.bias", (kv_heads * hd,))
+        add(f"blk.{i}.attn_output.weight", (hidden, heads * hd))
+        add(f"blk.{i}.ffn_norm.weight", (hidden,))
+        add(f"blk.{i}.ffn_gate.weight", (ff, hidden))
+        add(f"blk.{i}.ffn_up.weight", (ff, hidden))
+        add(f"blk.{i}.ffn_down.weight", (hidden, ff))
+    add("output_norm.weight", (hidden,))
     if not tied:
-        add("output.weight", (VOCAB, D))
+        add("output.weight", (vocab, hidden))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -271,6 +271,36 @@ void argmax_update(const py::buffer& h, const py::buffer& w, int qtype, int64_t 
                        bv.first, bi.first);
 }
 
+void topk_update(const py::buffer& h, const py::buffer& w, int qtype, int64_t n_rows,
+                 int64_t row_offset, const py::buffer& best_val, const py::buffer& best_idx,
+                 const py::buffer& run_max, const py::buffer& run_sum) {
+  const F32Matrix hm = f32_matrix(h, "h", false);
+  const Bytes wb = uint8_bytes(w, "w");
+  const F32Matrix bv = f32_matrix(best_val, "best_val", true);
+  const py::buffer_info bi = best_idx.request();
+  const std::string bif = base_format(bi);
+  if (bi.ndim != 2 || bi.itemsize != 8 || (bif != "l" && bif != "q") || bi.readonly ||
+      static_cast<size_t>(bi.shape[0]) != bv.rows || static_cast<size_t>(bi.shape[1]) != bv.cols ||
+      (bi.shape[0] > 1 && bi.strides[0] != 8 * bi.shape[1]) ||
+      (bi.shape[1] > 1 && bi.strides[1] != 8)) {
+    throw py::value_error("best_idx must be a writable C-contiguous int64 array shaped like best_val");
+  }
+  if (bv.rows != hm.rows || bv.cols == 0 || (bv.rows > 1 && bv.stride != bv.cols)) {
+    throw py::value_error("best_val must be C-contiguous float32 [rows of h (" +
+                          std::to_string(hm.rows) + "), k >= 1]");
+  }
+  const auto mx = vector_of<float>(run_max, "run_max", "f", "float32", true);
+  const auto sm = vector_of<double>(run_sum, "run_sum", "d", "float64", true);
+  if (mx.second != hm.rows || sm.second != hm.rows) {
+    throw py::value_error("run_max and run_sum must have one entry per row of h (" +
+                          std::to_string(hm.rows) + ")");
+  }
+  const size_t N = non_negative(n_rows, "n_rows");
+  py::gil_scoped_release no_gil;
+  lever::topk_update(hm.data, hm.rows, hm.cols, hm.stride, wb.data, wb.n, qtype, N, row_offset,
+                     bv.cols, bv.data, static_cast<int64_t*>(bi.ptr), mx.first, sm.first);
+}
+
 }  // namespace
 
 void bind_model(py::module_& m) {
@@ -361,4 +391,16 @@ Rows are independent (bitwise). Releases the GIL.)doc");
 if h[r] . W[n] > best_val[r] then best_val[r], best_idx[r] = it, row_offset + n.
 Scored 1024 rows at a time: no [R, vocab] array. Strictly greater keeps the
 first maximum. best_val float32 [R] (start at -inf), best_idx int64 [R].)doc");
+  m.def("topk_update", &topk_update, py::arg("h"), py::arg("w"), py::arg("qtype"),
+        py::arg("n_rows"), py::arg("row_offset"), py::arg("best_val"), py::arg("best_idx"),
+        py::arg("run_max"), py::arg("run_sum"),
+        R"doc(Running top-k and log-sum-exp over a slice of the head's rows (h float32
+[R, K]; w 1-D uint8, an [n_rows, K] matrix of qtype; token id = row_offset + n).
+best_val float32 [R, k] and best_idx int64 [R, k] (C-contiguous) keep each
+row's k best logits, largest first, equal logits by lower token id; start
+them at -inf and INT64_MAX. run_max float32 [R] (start -inf) and run_sum
+float64 [R] (start 0) keep the log-sum-exp of every logit seen: log-probs are
+best_val - (run_max + log(run_sum)). Scored 1024 rows at a time: no
+[R, vocab] array. Rows are independent (bitwise), and the result does not
+depend on how the vocabulary is split into calls. Releases the GIL.)doc");
 }

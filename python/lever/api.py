@@ -135,34 +135,37 @@ def load(model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
 
 def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str = "bfloat16",
                backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
-               cache_dir: str | os.PathLike | None = None, quantized: bool = True,
-               max_read_bytes_per_s: str | float = 0.0) -> LoadedModel:
+               cache_dir: str | os.PathLike | None = None,
+               max_read_bytes_per_s: str | float = 0.0, tokenizer: Tokenizer | None = None) -> LoadedModel:
     """A target streamed from a flash store (`lever convert`) under a DRAM budget
     ('600MB', '1.5GiB' or bytes). Its `.model.report()` gives the I/O statistics.
     Quantised matrices are multiplied straight from the read buffers by the
-    native kernels; quantized=False dequantises them first.
-    max_read_bytes_per_s caps flash reads (bytes/s or '200MB/s'; 0 = unlimited)."""
+    native kernels.
+    max_read_bytes_per_s caps flash reads (bytes/s or '200MB/s'; 0 = unlimited).
+    tokenizer: the store's tokenizer when already loaded (`store_tokenizer`)."""
     from .store.residency import parse_rate, parse_size
     from .store.streamed import StreamedDecoder
 
     t0 = time.perf_counter()
     model = StreamedDecoder(store_dir, parse_size(dram_budget), dtype_name(dtype), backend=backend,
-                            prefetch_depth=prefetch_depth, kv_tokens=kv_tokens, quantized=quantized,
+                            prefetch_depth=prefetch_depth, kv_tokens=kv_tokens,
                             max_read_bytes_per_s=parse_rate(max_read_bytes_per_s))
-    tokenizer = store_tokenizer(store_dir, cache_dir)
+    tokenizer = tokenizer or store_tokenizer(store_dir, cache_dir)
     return LoadedModel(model, tokenizer, Path(store_dir), load_s=time.perf_counter() - t0)
 
 
 def make_drafter(name: str, dtype: str = "bfloat16", cache_dir: str | os.PathLike | None = None,
                  progress: bool = True, kernels: str = "native"):
     """'ngram' (prompt lookup, no model) or a draft model (name or path) kept in
-    DRAM, loaded as `load` does (kernels "native" or "torch")."""
+    DRAM, loaded as `load` does (kernels "native" or "torch") but without a
+    tokenizer: the draft shares the target's token ids and never decodes text."""
     if name == "ngram":
         from .draft.ngram import NgramDrafter
         return NgramDrafter()
     from .draft.model_drafter import ModelDrafter
-    loaded = load(name, dtype=dtype, cache_dir=cache_dir, progress=progress, kernels=kernels)
-    return ModelDrafter(loaded.model, path=loaded.path)
+    path = resolve_model(name, cache_dir=cache_root(cache_dir), progress=progress)
+    model, _ = load_model(path, dtype_name(dtype), kernels)
+    return ModelDrafter(model, path=path)
 
 
 def store_tokenizer(store_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Tokenizer:

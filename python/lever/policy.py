@@ -33,7 +33,7 @@ DEFAULT_MAX_NODES, DEFAULT_MAX_DEPTH, DEFAULT_TOPK = 255, 12, 4
 
 
 def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader: str = "auto",
-                 read_limit_bytes_per_s: float = 0.0, dram_budget: int | None = None, dtype="bfloat16",
+                 read_limit_bytes_per_s: float = 0.0, dtype="bfloat16",
                  params: SamplingParams = SamplingParams(), cache_dir=None, max_nodes: int = DEFAULT_MAX_NODES,
                  max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK, force_profile: bool = False,
                  progress: bool = True) -> GainCostPolicy:
@@ -46,7 +46,7 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
                          "draft probabilities to calibrate")
     key = profile_key(target, drafter.model, target_id=target_id, draft_id=draft_path, kernels=kernels,
                       reader_backend=reader, read_limit_bytes_per_s=read_limit_bytes_per_s,
-                      dram_budget=dram_budget, dtype=dtype)
+                      dtype=dtype)
     profile = load_or_measure(target, drafter.model, key, cache_dir=cache_dir, force=force_profile,
                               progress=progress)
     path = calibration_path(target_id, draft_path, kernels, dtype, params, cache_dir)

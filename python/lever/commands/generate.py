@@ -12,6 +12,8 @@ from . import arg_types
 from .limits import (MAX_CALL_COST_MS, MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_RETRY_DEADLINE_S, MAX_TREE_DEPTH,
                      MAX_TREE_NODES, MAX_TREE_TOPK)
 from .options import add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options
+from ..memory.run_plan import memory_report
+from .memory_limit import plan_memory, print_memory_line
 from .prompt_input import add_prompt_options, read_prompt
 
 
@@ -95,17 +97,25 @@ def run(args: argparse.Namespace) -> int:
         return run_remote(args, prompt)
     mode = args.mode or default_mode(args.draft, args.target_store)
     check_mode(mode, args.draft)
+    if args.target_store and args.kernels == "torch":
+        raise LeverError("--kernels torch runs in-memory models only (the torch reference); a --target-store "
+                         "streams on the native decoder")
     page_cache = None
     if args.target_store:
-        from ..api import load_store
+        from ..api import load_store, store_tokenizer
         from ..store.flash_reader import drop_page_cache
+        tokenizer = store_tokenizer(args.target_store, args.cache_dir)     # part of the measured baseline
+        kv_tokens = _kv_tokens(args)
+        memory = plan_memory(args, target_store=args.target_store, draft=args.draft, kv_tokens=kv_tokens,
+                             tree_rows=_tree_rows(args, mode), sampling=args.temperature > 0)
         if args.drop_caches:
             page_cache = drop_page_cache()
         loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
-                            quantized=args.kernels == "native",
                             prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
-                            kv_tokens=_kv_tokens(args), max_read_bytes_per_s=args.read_limit)
+                            kv_tokens=kv_tokens, max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer)
     else:
+        memory = plan_memory(args, target_name=args.model, draft=args.draft, kv_tokens=args.max_new_tokens + 1024,
+                             tree_rows=_tree_rows(args, mode), sampling=args.temperature > 0)
         loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
                       kernels=args.kernels)
 
@@ -131,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             policy = lever_policy(
                 loaded.model, drafter, target_id=loaded.path, kernels=args.kernels, reader=args.reader,
                 read_limit_bytes_per_s=args.read_limit if args.target_store else 0.0,
-                dram_budget=args.dram_budget if args.target_store else None, dtype=args.dtype,
+                dtype=args.dtype,
                 params=SamplingParams(args.temperature, args.top_p, args.top_k, args.seed),
                 cache_dir=args.cache_dir, max_nodes=args.lever_max_nodes, max_depth=args.lever_max_depth,
                 topk=args.lever_topk, force_profile=args.reprofile, progress=True)
@@ -153,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         out["kernels"] = kernel_info(args.kernels, loaded.model, drafter)
         if args.target_store:
             out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), page_cache)
+        out["memory"] = memory_report(memory)
         print(json.dumps(out))
     else:
         sys.stdout.write("\n")
@@ -165,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
                   f"(max {lv['tree_size']['max']}), accepted length predicted "
                   f"{lv['accepted_length']['predicted_mean']:.2f} / realised {lv['accepted_length']['realised_mean']:.2f}]",
                   file=sys.stderr)
+        print_memory_line(memory, sys.stderr)
     return 0
 
 
@@ -249,6 +261,11 @@ def default_mode(draft: str | None, target_store: str | None) -> str:
     if not draft:
         return "ar"
     return "lever" if target_store and draft != "ngram" else "tree"
+
+
+def _tree_rows(args, mode: str) -> int:
+    """Rows of the largest target pass the mode makes (root + draft tokens)."""
+    return 1 + {"ar": 0, "chain": args.draft_len, "tree": args.tree_budget, "lever": args.lever_max_nodes}[mode]
 
 
 def _kv_tokens(args) -> int:

@@ -17,11 +17,21 @@ def add_target_choice(p) -> None:
                              "(default when no --target-store: smollm2-135m)")
 
 
+DEFAULT_DRAM_BUDGET = 600_000_000      # bytes: the target's budget when neither option is given
+
+
 def add_dram_budget(p, what: str = "the streamed target") -> None:
-    """--dram-budget SIZE, parsed to bytes."""
-    p.add_argument("--dram-budget", type=arg_types.size, default="600MB", metavar="SIZE",
-                   help=f"DRAM {what} may use: pinned layers, buffers, KV cache; 600MB (10^6), 1.5GiB (2^30) "
-                        f"or bytes (default 600MB)")
+    """--memory-limit SIZE (the whole process) or --dram-budget SIZE (the
+    target only), mutually exclusive, parsed to bytes; neither: --dram-budget
+    600MB (see `commands.memory_limit.plan_memory`)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--memory-limit", type=arg_types.size, default=None, metavar="SIZE",
+                       help="one memory limit for the whole process (runtime, draft, target, KV, scratch): "
+                            "the target gets what is left after the rest is measured or sized; a limit below "
+                            "the run's minimum is refused with its parts listed")
+    group.add_argument("--dram-budget", type=arg_types.size, default=None, metavar="SIZE",
+                       help=f"DRAM {what} alone may use: pinned layers, buffers, KV cache; 600MB (10^6), "
+                            f"1.5GiB (2^30) or bytes (default 600MB unless --memory-limit)")
 
 
 def add_reader_options(p) -> None:

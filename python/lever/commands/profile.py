@@ -11,7 +11,13 @@ import sys
 from ..errors import LeverError
 from . import arg_types
 from .limits import MAX_TREE_NODES
+from ..memory.run_plan import memory_report
+from .memory_limit import plan_memory, print_memory_line
 from .options import add_cache_dir, add_dram_budget, add_reader_options, add_target_choice
+
+# KV rows a streamed target budgets for, as `lever generate` does for short
+# runs, so the profile sees the residency (pinned layers) of a real run
+PROFILE_KV_TOKENS = 2048
 
 
 def add_parser(subparsers) -> None:
@@ -50,7 +56,7 @@ def n_grid_up_to(max_n: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import DEFAULT_MODEL, load, load_store
+    from ..api import DEFAULT_MODEL, load, load_store, make_drafter
     from ..cost.cost_model import CostModel
     from ..cost.profile import DEFAULT_DRAFT_GRID, load_or_measure, profile_key, profile_path
 
@@ -59,23 +65,29 @@ def run(args: argparse.Namespace) -> int:
                          "'ngram' runs no forward pass, so there is nothing to measure")
     n_grid = n_grid_up_to(args.max_n)
     read_limit = args.read_limit
-    quantized = args.kernels == "native"
     progress = not args.no_progress
-    budget = None
+    if args.target_store and args.kernels == "torch":
+        raise LeverError("--kernels torch runs in-memory models only (the torch reference); a --target-store "
+                         "streams on the native decoder")
     if args.target_store:
-        budget = args.dram_budget
-        loaded = load_store(args.target_store, budget, dtype=args.dtype, backend=args.reader,
-                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, quantized=quantized,
-                            max_read_bytes_per_s=read_limit)
+        from ..api import store_tokenizer
+        tokenizer = store_tokenizer(args.target_store, args.cache_dir)     # part of the measured baseline
+        memory = plan_memory(args, target_store=args.target_store, draft=args.draft, kv_tokens=PROFILE_KV_TOKENS,
+                             tree_rows=args.max_n, sampling=False)
+        loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
+                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
+                            kv_tokens=PROFILE_KV_TOKENS, max_read_bytes_per_s=read_limit, tokenizer=tokenizer)
     else:
+        memory = plan_memory(args, target_name=args.target or DEFAULT_MODEL, draft=args.draft,
+                             kv_tokens=PROFILE_KV_TOKENS, tree_rows=args.max_n, sampling=False)
         loaded = load(args.target or DEFAULT_MODEL, dtype=args.dtype, cache_dir=args.cache_dir,
                       progress=progress, kernels=args.kernels)
     target = loaded.model
     try:
-        draft = load(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress,
-                     kernels=args.kernels)
+        draft = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress,
+                             kernels=args.kernels)
         key = profile_key(target, draft.model, target_id=loaded.path, draft_id=draft.path, kernels=args.kernels,
-                          reader_backend=args.reader, read_limit_bytes_per_s=read_limit, dram_budget=budget,
+                          reader_backend=args.reader, read_limit_bytes_per_s=read_limit,
                           dtype=args.dtype)
         profile = load_or_measure(target, draft.model, key, cache_dir=args.cache_dir, force=args.force,
                                   progress=progress, n_grid=n_grid, draft_grid=DEFAULT_DRAFT_GRID)
@@ -88,12 +100,13 @@ def run(args: argparse.Namespace) -> int:
         from ..cost.plot import plot_cost_model
         plot_cost_model(model, args.plot, title=f"{loaded.path.name} + {draft.path.name}")
     if args.json:
-        print(json.dumps(profile.to_json(), indent=1))
+        print(json.dumps({**profile.to_json(), "memory": memory_report(memory)}, indent=1))
     else:
         print_table(model, loaded.path.name, draft.path.name)
         print(f"profile: {path}")
         if args.plot:
             print(f"plot: {args.plot}")
+        print_memory_line(memory, sys.stdout)
     sys.stdout.flush()
     return 0
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LeverError
-from .options import add_reader_options
+from .memory_limit import plan_memory
+from .options import add_dram_budget, add_reader_options
 
 VERIFY_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 MIN_TOKEN_BYTES = 16
@@ -56,8 +57,7 @@ def add_parser(subparsers) -> None:
                    help="open connections at most; more get a 503 (default 256)")
     p.add_argument("--max-connections-per-ip", type=int, default=64, metavar="N",
                    help="open connections at most from one address (default 64)")
-    p.add_argument("--dram-budget", default="600MB", metavar="SIZE",
-                   help="a flash store's DRAM budget: pinned layers, buffers, KV caches (default 600MB)")
+    add_dram_budget(p, "a flash-store target")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
     p.add_argument("--kernels", default="native", choices=["native", "torch"])
     p.add_argument("--cache-dir", default=None, help="where assembled models and tokenizers are cached")
@@ -103,18 +103,30 @@ def is_loopback(host: str) -> bool:
 
 
 def load_target(args):
-    """(LoadedModel, name): a store streamed under --dram-budget, else a model in DRAM."""
-    from ..api import load, load_store
+    """(LoadedModel, name, memory plan): a store streamed under --dram-budget
+    or --memory-limit, else a model in DRAM.  Under --memory-limit the KV
+    caches of --max-sessions full sessions are planned for, and a session's
+    sampled tree keeps --max-tree-nodes logits rows."""
+    from ..api import load, load_store, store_tokenizer
     from ..store.manifest import MANIFEST
     path = Path(args.model)
-    if path.is_dir() and (path / MANIFEST).is_file():
+    is_store = path.is_dir() and (path / MANIFEST).is_file()
+    if is_store and args.kernels == "torch":
+        raise LeverError("--kernels torch runs in-memory models only (the torch reference); a store streams "
+                         "on the native decoder")
+    tokenizer = store_tokenizer(path, args.cache_dir) if is_store else None     # part of the measured baseline
+    # one limit for the process: every session's KV cache is planned; a target-only budget: one session's
+    kv_tokens = (args.max_sessions * args.max_session_tokens if args.memory_limit
+                 else max(2048, args.max_session_tokens))
+    memory = plan_memory(args, target_store=path if is_store else None, target_name=args.model,
+                         kv_tokens=kv_tokens, tree_rows=args.max_tree_nodes, sampling=True)
+    if is_store:
         loaded = load_store(path, args.dram_budget, dtype=args.dtype, backend=args.reader,
-                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
-                            kv_tokens=max(2048, args.max_session_tokens), quantized=args.kernels == "native",
-                            max_read_bytes_per_s=args.read_limit)
+                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, kv_tokens=kv_tokens,
+                            max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer)
     else:
         loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels)
-    return loaded, path.name if path.exists() else args.model
+    return loaded, path.name if path.exists() else args.model, memory
 
 
 def measure_verify_cost(model, max_nodes: int, say) -> dict:
@@ -157,7 +169,10 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"lever serve-verifier: {line}", file=sys.stderr, flush=True)
 
-    loaded, name = load_target(args)
+    loaded, name, memory = load_target(args)
+    if memory is not None:
+        say(f"memory limit {memory.limit_bytes / 1e6:,.0f} MB: target budget {memory.store_budget_bytes / 1e6:,.0f} "
+            f"MB, {args.max_sessions} sessions of {args.max_session_tokens} tokens planned")
     verify_cost = measure_verify_cost(loaded.model, limits.max_tree_nodes, say)
     server = VerifierServer(loaded.model, name, limits, token=token, verify_cost=verify_cost,
                             tokenizer=loaded.tokenizer.fingerprint(), log=say)

@@ -116,10 +116,12 @@ def random_tree(n: int, vocab: int, rng: np.random.Generator) -> TokenTree:
 
 
 def _tree_forward(model, tree: TokenTree, cache, keep: bool = False) -> None:
-    """One forward of `tree` (logits of every node) after the cached rows;
-    its rows are truncated away again unless `keep`."""
+    """One forward of `tree` after the cached rows, with the head a greedy
+    verification uses (the argmax of every node: the whole head is computed,
+    no [nodes, vocab] logits are kept); its rows are truncated away again
+    unless `keep`."""
     n_cached = cache.length
-    model(tree.tokens().astype(np.int64), tree.positions(n_cached), tree.mask(n_cached), cache)
+    model(tree.tokens().astype(np.int64), tree.positions(n_cached), tree.mask(n_cached), cache, head="argmax")
     if not keep:
         cache.truncate(n_cached)
 

@@ -1,7 +1,7 @@
 """The on-device profile (`lever profile`): measured, cached, keyed.
 
     key = profile_key(target, draft_model, target_id=..., draft_id=..., kernels="native",
-                      reader_backend="auto", read_limit_bytes_per_s=0.0, dram_budget=600e6,
+                      reader_backend="auto", read_limit_bytes_per_s=0.0,
                       dtype="bfloat16")
     profile = load_or_measure(target, draft_model, key)       # cached under <cache>/profiles/
     model = CostModel(profile)                                # lever.cost.cost_model
@@ -52,15 +52,17 @@ def _torch_threads(kernels: str) -> int | None:
 
 
 def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reader_backend: str,
-                read_limit_bytes_per_s: float, dram_budget: int | None, dtype) -> dict:
+                read_limit_bytes_per_s: float, dtype) -> dict:
     """Everything a profile of (`target`, `draft_model`) depends on, as JSON data.
 
     target_id / draft_id: the models' paths on disk (a store directory, a
     GGUF file, a checkpoint directory).  kernels: "native" or "torch".
     reader_backend: as requested ("auto", "io_uring", "pread").
-    read_limit_bytes_per_s: the flash read cap (0 = none).  dram_budget:
-    bytes.  For an in-memory target the reader, read limit and budget play no
-    part and are recorded as None.
+    read_limit_bytes_per_s: the flash read cap (0 = none).  A streamed
+    target's memory enters as its residency (the pinned extents and the
+    prefetch depth), not as the budget that produced it: budgets that pin the
+    same layers share a profile.  For an in-memory target the reader, read
+    limit and residency play no part and are recorded as None.
     """
     if kernels not in ("native", "torch"):
         raise ProfileError(f"kernels must be 'native' or 'torch', got {kernels!r}")
@@ -71,13 +73,12 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
         r = target.reader.stats()
         backend.update(reader=reader_backend, reader_in_use=r["backend"], direct=bool(r["direct"]),
                        read_limit_bytes_per_s=float(read_limit_bytes_per_s))
-        memory = {"dram_budget_bytes": int(dram_budget) if dram_budget is not None else int(target.plan.budget),
-                  "pinned": sorted(e.name for e in target.plan.pinned),
+        memory = {"pinned": sorted(e.name for e in target.plan.pinned),
                   "prefetch_depth": target.plan.prefetch_depth}
         target_identity = store_identity(target.store_dir)
     else:
         backend.update(reader=None, read_limit_bytes_per_s=None)
-        memory = {"dram_budget_bytes": None, "pinned": None, "prefetch_depth": 0}
+        memory = {"pinned": None, "prefetch_depth": 0}
         target_identity = model_identity(target_id)
     key = {"target": target_identity, "draft": model_identity(draft_id), "backend": backend,
            "memory": memory, "dtype": dtype_name(dtype), "machine": machine_identity()}

@@ -26,9 +26,12 @@ import heapq
 import numpy as np
 
 from ..autoregressive import prefill
+from ..model.topk_head import top_k_ids
 from ..sampling import SamplingParams, log_softmax, processed_probs, sample_at
 from ..tree import TokenTree
 from .base import TreeShape
+
+__all__ = ["ModelDrafter", "top_k_ids"]
 
 
 class ModelDrafter:
@@ -64,10 +67,11 @@ class ModelDrafter:
         self._committed = self.cache.length + len(self.pending)
         self._rows, self._order, self._tree_rows = {}, [], None
 
-    def _forward(self, tree: TokenTree, nodes: list[int]) -> np.ndarray:
+    def _forward(self, tree: TokenTree, nodes: list[int], **head):
         """Run `nodes` of `tree` (each one's ancestors already run) through the draft,
         appending their rows, after any pending tokens (the first forward of a
-        tree); returns the nodes' logits float32 [len(nodes), vocab]."""
+        tree); returns the nodes' logits float32 [len(nodes), vocab], or what
+        the model's `head` keywords ask for (head="topk", topk=K: ids, logprobs)."""
         for i in nodes:
             self._rows[i] = len(self._order)
             self._order.append(i)
@@ -87,7 +91,8 @@ class ModelDrafter:
             positions = np.concatenate([np.arange(cached, n), positions])
             tokens = np.concatenate([np.asarray(self.pending, dtype=np.int64), tokens])
             self.pending = []
-        return self.model(tokens, positions, mask, self.cache, logits_rows=np.arange(p, len(tokens), dtype=np.int64))
+        return self.model(tokens, positions, mask, self.cache, logits_rows=np.arange(p, len(tokens), dtype=np.int64),
+                          **head)
 
     def expand(self, tree: TokenTree, nodes: list[int], topk: int, params: SamplingParams = SamplingParams(),
                seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -96,14 +101,21 @@ class ModelDrafter:
         Rank 0 is the draft's own choice: its argmax when greedy, else its
         position-keyed draw (`sample_at` with the target's `seed`, the token
         the target draws if the two agree); then the draft's top tokens, largest
-        log-prob first, equal log-probs in token order (`top_k_ids`)."""
+        log-prob first, equal log-probs in token order (`top_k_ids`).
+
+        Greedy asks the model for head="topk" (no [len(nodes), vocab] logits
+        are made): the same ids in the same order as `top_k_ids` of the
+        logits, log-probs equal to `log_softmax`'s within float32 rounding
+        (lever.model.topk_head).  Sampling needs each full row for the draw."""
+        if params.greedy:
+            top_tok, top_lp = self._forward(tree, nodes, head="topk", topk=topk)
+            return top_tok.astype(np.int32), top_lp.astype(np.float32)
         logits = self._forward(tree, nodes)
         logprobs = log_softmax(logits)
         top_tok = top_k_ids(logprobs, topk)
-        if not params.greedy:
-            for row, node in enumerate(nodes):
-                drawn = sample_at(logits[row], params, seed, self._committed + int(tree.depth(node)) + 1)
-                top_tok[row] = [drawn] + [t for t in top_tok[row].tolist() if t != drawn][:top_tok.shape[1] - 1]
+        for row, node in enumerate(nodes):
+            drawn = sample_at(logits[row], params, seed, self._committed + int(tree.depth(node)) + 1)
+            top_tok[row] = [drawn] + [t for t in top_tok[row].tolist() if t != drawn][:top_tok.shape[1] - 1]
         top_lp = np.take_along_axis(logprobs, top_tok, axis=-1)
         return top_tok.astype(np.int32), top_lp.astype(np.float32)
 
@@ -159,11 +171,12 @@ class ModelDrafter:
         tree = TokenTree(root)
         probs = []
         for i in range(k):
-            logits = self._forward(tree, [i])[0]
-            tok = sample_at(logits, params, seed, self._committed + i + 1)
-            if params.greedy:
-                lp = float(log_softmax(logits)[tok])
+            if params.greedy:                                  # the argmax, with no [1, vocab] logits
+                ids, lps = self._forward(tree, [i], head="topk", topk=1)
+                tok, lp = int(ids[0, 0]), float(lps[0, 0])
             else:
+                logits = self._forward(tree, [i])[0]
+                tok = sample_at(logits, params, seed, self._committed + i + 1)
                 q = processed_probs(logits, params)
                 probs.append(q)
                 lp = float(np.log(q[tok]))
@@ -186,20 +199,3 @@ class ModelDrafter:
             self.cache.compact(np.concatenate([np.arange(n, dtype=np.int64), n + np.asarray(keep, dtype=np.int64)]))
         self.pending.extend(tree.token(j) for j in missing)
         self.start_tree()
-
-
-def top_k_ids(rows: np.ndarray, k: int) -> np.ndarray:
-    """Each row's `k` largest entries (at most the row's length): int64 ids
-    [R, k], largest first, equal values in index order -- so column 0 is the
-    row's argmax (its first maximum), and the result never depends on how a
-    partition happened to break ties."""
-    k = min(k, rows.shape[-1])
-    part = np.argpartition(rows, -k, axis=-1)[:, -k:]                  # the k largest, in any order
-    vals = np.take_along_axis(rows, part, axis=-1)
-    top = np.take_along_axis(part, np.lexsort((part, -vals), axis=-1), axis=-1)
-    kth = vals.min(axis=-1, keepdims=True)
-    # rows where the k-th value ties with entries the partition left out: take the lowest ids
-    for r in np.flatnonzero((rows == kth).sum(axis=-1) > (vals == kth).sum(axis=-1)):
-        ids = np.flatnonzero(rows[r] >= kth[r])
-        top[r] = ids[np.argsort(-rows[r, ids], kind="stable")[:k]]
-    return top

@@ -32,12 +32,12 @@ _MARGIN_RULE = f"max({MIN_MARGIN_BYTES >> 20} MiB, {MARGIN_FRACTION:.0%} of the 
 
 
 def store_minimum(manifest, dtype_bytes: int = 2, kv_tokens: int = 2048, prefetch_depth: int = 2,
-                  embed_cache_rows: int = 4096, quantized: bool = True) -> dict[str, int]:
+                  embed_cache_rows: int = 4096) -> dict[str, int]:
     """The least DRAM (bytes, by part) `plan_residency` accepts for `manifest`
     with the same arguments: its fixed costs (`residency.fixed_costs`: globals,
     kv_cache, embedding_rows) plus a ring of `prefetch_depth` buffers of the largest
     extent -- or, when pinning everything costs less, every extent ("weights")."""
-    parts = dict(fixed_costs(manifest, dtype_bytes, kv_tokens, embed_cache_rows, quantized))
+    parts = dict(fixed_costs(manifest, dtype_bytes, kv_tokens, embed_cache_rows))
     extents = manifest.layers + manifest.head_parts
     ring = prefetch_depth * max(e.length for e in extents)
     everything = sum(e.length for e in extents)

@@ -2,9 +2,10 @@
 
 `NativeDecoder` implements the numpy model protocol (see `forward`): tokens,
 positions and the attention mask go in as numpy arrays, float32 logits (or the
-argmax token of each row) come out; the KV cache is a `lever._native.KVCache`.
+argmax token of each row, or each row's top-k tokens and log-probs) come
+out; the KV cache is a `lever._native.KVCache`.
 All arithmetic (embedding, attention, MLP, norms, head) runs in C++
-(`lever._native.NativeModel`, `linear`, `argmax_update`); activations are
+(`lever._native.NativeModel`, `linear`, `argmax_update`, `topk_update`); activations are
 float32, the KV cache float32 or bfloat16 (`dtype`).
 
 One forward loop serves weights held in DRAM (`native_loader.ResidentWeights`)
@@ -24,6 +25,7 @@ A weight source has:
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -31,8 +33,9 @@ import numpy as np
 
 from .. import _native
 from .config import ModelConfig
+from .topk_head import check_topk, topk_result, topk_state
 
-HEADS = ("logits", "argmax")
+HEADS = ("logits", "argmax", "topk")
 KV_DTYPES = ("float32", "bfloat16")
 
 
@@ -82,6 +85,12 @@ class NativeDecoder:
         self.dtype = dtype_name(dtype)
         self.stats = stats if stats is not None else PassStats()
         self.native = native_model(config)
+        # One pass at a time per model: begin_pass/layer/end_pass keep the pass's
+        # state (rope tables, mask, the cache it was given) on `self.native`, so
+        # two threads forwarding this model at once would mix their passes.  A
+        # pass already uses every core in the native kernels, so serialising
+        # passes costs no throughput.
+        self._pass_lock = threading.Lock()
 
     @property
     def resident_weight_bytes(self) -> int | None:
@@ -97,7 +106,8 @@ class NativeDecoder:
     def __call__(self, *args, **kwargs) -> np.ndarray:
         return self.forward(*args, **kwargs)
 
-    def forward(self, tokens, positions, mask, cache, logits_rows=None, head: str = "logits") -> np.ndarray:
+    def forward(self, tokens, positions, mask, cache, logits_rows=None, head: str = "logits",
+                topk: int | None = None):
         """Run T new tokens through the model, appending (and committing) their
         keys/values to `cache`.
 
@@ -106,10 +116,13 @@ class NativeDecoder:
         or to a new token (last T columns).  logits_rows: int64 [R], the rows
         whose output is wanted (default all T).  head="logits": float32
         [R, vocab]; head="argmax": int64 [R], the first index of each row's
-        maximum, without making the [R, vocab] logits.
+        maximum; head="topk" (with topk=K): (ids int64 [R, K], logprobs
+        float32 [R, K]), each row's K best tokens (lever.model.topk_head).
+        "argmax" and "topk" never make the [R, vocab] logits.
         """
         if head not in HEADS:
             raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
+        n_top = check_topk(topk, self.config.vocab_size) if head == "topk" else 0
         tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
         positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
         mask = np.ascontiguousarray(mask, dtype=bool)
@@ -118,13 +131,14 @@ class NativeDecoder:
             raise ValueError(f"positions has shape {positions.shape}, expected ({t},)")
         if mask.shape != (t, cache.length + t):
             raise ValueError(f"mask has shape {mask.shape}, expected ({t}, {cache.length + t})")
-        cache.reserve(cache.length + t)            # grows by doubling when short of rows
-        x = self._layers(tokens, positions, mask, cache)
-        if logits_rows is not None:
-            x = x[np.asarray(logits_rows, dtype=np.int64)]
-        out = self._head(np.ascontiguousarray(x), head)
-        self.stats.passes += 1
-        self.stats.tokens += t
+        with self._pass_lock:                      # see __init__: one pass at a time per model
+            cache.reserve(cache.length + t)        # grows by doubling when short of rows
+            x = self._layers(tokens, positions, mask, cache)
+            if logits_rows is not None:
+                x = x[np.asarray(logits_rows, dtype=np.int64)]
+            out = self._head(np.ascontiguousarray(x), head, n_top)
+            self.stats.passes += 1
+            self.stats.tokens += t
         return out
 
     def _layers(self, tokens, positions, mask, cache) -> np.ndarray:
@@ -145,8 +159,9 @@ class NativeDecoder:
         self.native.end_pass(cache)
         return x
 
-    def _head(self, x: np.ndarray, head: str) -> np.ndarray:
-        """Final norm and output head over the hidden states x [R, hidden]."""
+    def _head(self, x: np.ndarray, head: str, n_top: int = 0):
+        """Final norm and output head over the hidden states x [R, hidden]
+        (n_top: tokens per row for head "topk")."""
         t0 = time.perf_counter()
         h = np.empty_like(x)
         self.native.rms_norm(x, self.weights.norm, h)
@@ -154,22 +169,26 @@ class NativeDecoder:
         r = x.shape[0]
         if head == "logits":
             out = np.empty((r, self.config.vocab_size), dtype=np.float32)
-        else:
+        elif head == "argmax":
             best_val = np.full(r, -np.inf, dtype=np.float32)
             out = np.zeros(r, dtype=np.int64)
+        else:
+            state = topk_state(r, n_top)
         for k, (first, end, qtype) in enumerate(self.weights.head_parts):
             buffer, release = self.weights.head_part(k)
             try:
                 t0 = time.perf_counter()
                 if head == "logits":
                     _native.linear(h, buffer, qtype, end - first, out[:, first:end])
-                else:
+                elif head == "argmax":
                     _native.argmax_update(h, buffer, qtype, end - first, first, best_val, out)
+                else:
+                    _native.topk_update(h, buffer, qtype, end - first, first, *state)
                 seconds += time.perf_counter() - t0
             finally:
                 release()
         self._lap("head", seconds)
-        return out
+        return topk_result(*state) if head == "topk" else out
 
     def _lap(self, stage: str, seconds: float) -> None:
         self.stats.compute_s += seconds

@@ -10,6 +10,11 @@ memory map of the file and no intermediate copies:
   one for the output head;
 - the final norm as float32.
 
+Once every tensor is read, the file's page cache is dropped
+(`os.posix_fadvise(..., POSIX_FADV_DONTNEED)`): those pages would otherwise
+stay charged to the process's memory cgroup next to the weights' own copy,
+doubling the model's footprint under a memory limit.
+
 Tensors keep the file's block types (the native kernels multiply them
 directly).  llama.cpp stores the q/k projections (and biases) of *llama*
 models with rows permuted for its interleaved RoPE: the rows are read into
@@ -139,6 +144,7 @@ class ResidentWeights:
             norm = g.tensors["output_norm.weight"]
             raw = np.empty(norm.nbytes, dtype=np.uint8)
             read_tensor(fd, norm, raw, g.path)
+            drop_page_cache(fd)
         self.norm = np.empty(cfg.hidden_size, dtype=np.float32)
         _native.dequantize(raw, norm.qtype, self.norm)
         self.vocab_size = cfg.vocab_size
@@ -195,6 +201,15 @@ def check_token_ids(ids: np.ndarray, vocab_size: int) -> None:
         raise ValueError(f"token id {int(bad[0])} is outside the vocabulary (0..{vocab_size - 1})")
 
 
+def drop_page_cache(fd: int) -> None:
+    """Ask the kernel to drop the page cache of the whole file open as `fd`
+    (its bytes are all copied out): page cache counts against the memory
+    cgroup.  A no-op where posix_fadvise is missing (not Linux); advice only,
+    so pages mapped or dirty elsewhere may stay."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def _read_whole(fd: int, info: TensorInfo, path: Path) -> np.ndarray:
     """Tensor `info` of the file at `path` (open as `fd`) in a new aligned buffer."""
     buffer = aligned_buffer(info.nbytes)
@@ -214,7 +229,9 @@ def _gguf_layer_names(cfg: ModelConfig) -> list[str]:
 def load_gguf_native(path, dtype="bfloat16") -> tuple[NativeDecoder, GGUFFile]:
     """A `NativeDecoder` over every weight of the GGUF file at `path`, read into
     DRAM; dtype: its KV cache's element type ("float32" or "bfloat16").  Also
-    returns the parsed file (metadata, tokenizer)."""
+    returns the parsed file (metadata, tokenizer).  The file's page cache is
+    released once its tensors are read (posix_fadvise DONTNEED: it would count
+    against the memory cgroup)."""
     g = GGUFFile(path)
     cfg = config_from_gguf(g)
     weights = ResidentWeights(g, cfg)

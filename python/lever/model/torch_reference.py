@@ -5,11 +5,13 @@
 to the protocol every run-path caller speaks (see lever.model.loading):
 
     model.forward(tokens int64 [T], positions int64 [T], mask bool [T, L + T], cache,
-                  logits_rows int64 [R] | None = None, head="logits" | "argmax") -> numpy
+                  logits_rows int64 [R] | None = None, head="logits" | "argmax" | "topk",
+                  topk=K) -> numpy
 
 converting numpy <-> torch at the edge.  head="argmax" is the first index
-of each logits row's maximum (int64 [R]); the reference makes the logits
-anyway.  Its KV cache (lever.model.kv_cache.KVCache) already has the
+of each logits row's maximum (int64 [R]); head="topk" is (ids int64 [R, K],
+logprobs float32 [R, K]) as lever.model.topk_head defines it; the reference
+makes the logits anyway.  Its KV cache (lever.model.kv_cache.KVCache) already has the
 protocol's length / capacity / nbytes / truncate / compact / reserve.
 
 torch is an optional extra: this module imports it only inside its
@@ -26,8 +28,9 @@ from ..dtypes import dtype_name
 from ..errors import LeverError
 from .config import ModelConfig
 from .gguf_file import GGUFFile
+from .topk_head import check_topk, topk_of_logits
 
-HEADS = ("logits", "argmax")
+HEADS = ("logits", "argmax", "topk")
 
 
 def require_torch(what: str):
@@ -77,19 +80,23 @@ class TorchModel:
         return self.decoder.new_cache(capacity=capacity)
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, mask: np.ndarray, cache,
-                logits_rows: np.ndarray | None = None, head: str = "logits") -> np.ndarray:
+                logits_rows: np.ndarray | None = None, head: str = "logits", topk: int | None = None):
         """Run T new tokens and append them to `cache` (committed).  Returns
-        float32 logits [R, vocab] (head "logits") or int64 argmax ids [R]
-        (head "argmax"); R = len(logits_rows), or T."""
+        float32 logits [R, vocab] (head "logits"), int64 argmax ids [R]
+        (head "argmax") or (ids int64 [R, K], logprobs float32 [R, K]) (head
+        "topk", topk=K); R = len(logits_rows), or T."""
         import torch
 
         if head not in HEADS:
             raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
+        n_top = check_topk(topk, self.config.vocab_size) if head == "topk" else 0
         rows = None if logits_rows is None else torch.from_numpy(np.asarray(logits_rows, dtype=np.int64))
         logits = self.decoder(torch.from_numpy(np.asarray(tokens, dtype=np.int64)),
                               torch.from_numpy(np.asarray(positions, dtype=np.int64)),
                               torch.from_numpy(np.ascontiguousarray(mask, dtype=bool)), cache,
                               logits_rows=rows).numpy()
+        if head == "topk":
+            return topk_of_logits(logits, n_top)
         return np.argmax(logits, axis=-1).astype(np.int64) if head == "argmax" else logits
 
     __call__ = forward

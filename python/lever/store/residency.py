@@ -111,12 +111,11 @@ def _pin_order(m: StoreManifest) -> list[Extent]:
     return list(reversed(m.head_parts)) + list(reversed(m.layers))
 
 
-def fixed_costs(m: StoreManifest, dtype_bytes: int, kv_tokens: int, embed_cache_rows: int,
-                quantized: bool = True) -> dict[str, int]:
+def fixed_costs(m: StoreManifest, dtype_bytes: int, kv_tokens: int, embed_cache_rows: int) -> dict[str, int]:
     """Bytes that do not depend on what is pinned: the final norm (globals), the KV
     cache for `kv_tokens` tokens of `dtype_bytes` per element, and a cache of
-    `embed_cache_rows` embedding rows in their stored form.  quantized: accepted
-    for older callers, changes nothing (no dequantisation workspace)."""
+    `embed_cache_rows` embedding rows in their stored form.  Every matrix is
+    used in place from its buffer: no dequantisation workspace."""
     cfg = m.config
     t = m.embedding_parts[0].tensors[0]
     return {
@@ -127,10 +126,9 @@ def fixed_costs(m: StoreManifest, dtype_bytes: int, kv_tokens: int, embed_cache_
 
 
 def plan_residency(m: StoreManifest, budget: int, dtype_bytes: int = 2, kv_tokens: int = 2048,
-                   prefetch_depth: int = 2, embed_cache_rows: int = 4096, quantized: bool = True) -> ResidencyPlan:
+                   prefetch_depth: int = 2, embed_cache_rows: int = 4096) -> ResidencyPlan:
     """Pin as many extents as `budget` bytes allow; raise DramBudgetError below the minimum.
-    dtype_bytes: bytes per KV cache element.  quantized: accepted for older callers;
-    every matrix is used in place from its buffer, so it changes nothing."""
+    dtype_bytes: bytes per KV cache element."""
     if prefetch_depth < 1:
         raise DramBudgetError(f"prefetch depth must be at least 1, got {prefetch_depth}")
     fixed = fixed_costs(m, dtype_bytes, kv_tokens, embed_cache_rows)

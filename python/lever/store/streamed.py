@@ -48,6 +48,15 @@ class StreamStats(PassStats):
 
     stall_s: float = 0.0              # compute waiting on flash reads
     embedding_bytes: int = 0          # embedding rows (and their chunks, once) read on demand
+    streamed_bytes: int = 0           # bytes of the streamed extents the passes took from the read ring
+
+    @property
+    def bytes_used(self) -> int:
+        """Flash bytes the passes used: streamed extents + embedding reads.  Counted
+        when a pass takes an extent, not when its read lands, so a window of passes
+        counts exactly its own extents: the ring's prefetches for a next pass, landing
+        before, inside or after the window, move no bytes between windows."""
+        return self.streamed_bytes + self.embedding_bytes
 
 
 class StreamedWeights:
@@ -111,6 +120,7 @@ class StreamedWeights:
         t0 = time.perf_counter()
         raw = self.reader.wait(slot)
         self.stats.stall_s += time.perf_counter() - t0
+        self.stats.streamed_bytes += e.length
         return raw, lambda: self._release(slot)
 
     def _release(self, slot: int) -> None:
@@ -199,14 +209,14 @@ class StreamedDecoder(NativeDecoder):
     "bfloat16" or the torch dtype of that name).  prefetch_depth: read buffers
     in the ring.  kv_tokens: tokens the budget reserves KV cache room for.
     max_read_bytes_per_s: pace flash reads to at most this many bytes per
-    second (emulates slower flash); 0 = unlimited.  quantized: accepted for
-    older callers; matrices are always multiplied as stored.
+    second (emulates slower flash); 0 = unlimited.  Matrices are always
+    multiplied as stored (a type without a kernel needs a bf16 store).
     stage_times: as `NativeDecoder.stage_times` (waiting on flash excluded).
     """
 
     def __init__(self, store_dir: str | os.PathLike, dram_budget: int, dtype="bfloat16",
                  backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
-                 direct: bool = True, queue_depth: int = 8, quantized: bool = True,
+                 direct: bool = True, queue_depth: int = 8,
                  max_read_bytes_per_s: float = 0.0):
         if max_read_bytes_per_s < 0:
             raise ValueError(f"max_read_bytes_per_s must be >= 0, got {max_read_bytes_per_s}")
@@ -214,7 +224,6 @@ class StreamedDecoder(NativeDecoder):
         self.store_dir = Path(store_dir)
         self.max_read_bytes_per_s = float(max_read_bytes_per_s)
         self.manifest = StoreManifest.load(self.store_dir)
-        self.quantized = quantized
         dtype_bytes = 4 if dtype == "float32" else 2
         self.plan: ResidencyPlan = plan_residency(self.manifest, dram_budget, dtype_bytes, kv_tokens,
                                                   prefetch_depth)
@@ -248,7 +257,10 @@ class StreamedDecoder(NativeDecoder):
     # -- reporting -------------------------------------------------------------
 
     def report(self) -> dict:
-        """Run statistics: bytes, seconds, bandwidth, reader backend, residency, peak RSS."""
+        """Run statistics: bytes, seconds, bandwidth, reader backend, residency, peak RSS.
+        bytes_read: what the reader read (the ring's prefetches of a next pass included,
+        settle() first for a count without reads in flight); bytes_used: what the passes
+        used (StreamStats.bytes_used), so bytes_read_per_pass is exact."""
         r = self.reader.stats()
         s = self.stats
         passes = max(1, s.passes)
@@ -256,7 +268,8 @@ class StreamedDecoder(NativeDecoder):
             "reader": {k: r[k] for k in ("backend", "direct", "fallback_reason", "queue_depth", "chunk_bytes")},
             "passes": s.passes,
             "bytes_read": r["bytes_read"] + s.embedding_bytes,
-            "bytes_read_per_pass": (r["bytes_read"] + s.embedding_bytes) / passes,
+            "bytes_used": s.bytes_used,
+            "bytes_read_per_pass": s.bytes_used / passes,
             "io_busy_s": r["busy_s"],
             "achieved_gib_s": r["bytes_read"] / r["busy_s"] / 2**30 if r["busy_s"] else None,
             "stall_s": s.stall_s,

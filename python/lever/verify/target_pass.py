@@ -48,12 +48,14 @@ def round_seed(seed: int, position: int) -> int:
 
 
 def io_counters(target) -> tuple[float, int]:
-    """(stall seconds, bytes read) so far, for a flash-streamed target; zeros otherwise."""
+    """(stall seconds, flash bytes used) so far, for a flash-streamed target; zeros otherwise.
+    Bytes are those the passes used (lever.store.streamed.StreamStats.bytes_used), not
+    those the reader has landed: the ring prefetches the next pass's extents, and reads
+    landing between two verify calls would otherwise belong to neither."""
     stats = getattr(target, "stats", None)
-    reader = getattr(target, "reader", None)
-    if stats is None or reader is None:
+    if stats is None or not hasattr(stats, "bytes_used"):
         return 0.0, 0
-    return stats.stall_s, reader.stats()["bytes_read"] + stats.embedding_bytes
+    return stats.stall_s, stats.bytes_used
 
 
 class TargetVerifier:

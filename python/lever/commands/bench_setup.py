@@ -1,0 +1,223 @@
+"""`lever bench` set-up: the options resolved, the memory planned, the target
+(and the resident reference), the drafter and the lever policies loaded, and
+one warm-up run -- everything before the timed runs.
+
+Sizes are bytes, times seconds, KV and prompt lengths tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import LeverError, StoreError
+from .bench_modes import LEVER, BenchMode, parse_modes
+
+QUICK = dict(prompts=2, new_tokens=16, modes=["ar", "chain:4", "tree:16"])
+FULL = dict(prompts=10, new_tokens=64, modes=["ar", "chain:4", "chain:6", "chain:8", "tree:16", "tree:32", "tree:64"])
+EVERYTHING = 1 << 62                 # bytes: a DRAM budget that pins every extent of a store
+PROMPT_ALLOWANCE = 1024              # tokens: the prompt length budgeted for an in-memory target's KV
+
+
+@dataclass
+class BenchSetup:
+    """One bench: what the options ask for, then what is loaded for it."""
+
+    prompts: list[dict]
+    new_tokens: int
+    modes: list[BenchMode]
+    ar_added: bool
+    params: object                   # lever.sampling.SamplingParams
+    out_dir: Path
+    ids: list[list[int]] = field(default_factory=list)     # prompt token ids, one list per prompt
+    loaded: object = None            # lever.api.LoadedModel of the target
+    target_name: str = ""
+    store: Path | None = None
+    manifest: object = None          # StoreManifest of a store target
+    budget: int | None = None        # the store's DRAM budget (bytes); None in memory
+    memory: object = None            # MemoryPlan under --memory-limit, else None
+    kv_tokens: int = 0
+    load_s: float = 0.0
+    resident: object = None          # the store with every extent pinned (--resident)
+    drafter: object = None
+    stop_ids: frozenset = frozenset()
+    policies: list = field(default_factory=list)
+    calibration_start: list[int] = field(default_factory=list)
+    page_cache: str = "not dropped"
+    raw_read_bps: float | None = None  # the store's raw sequential read rate (bytes/s)
+
+    @property
+    def target(self):
+        return self.loaded.model
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the target streams from a flash store."""
+        return hasattr(self.target, "reset_stats")
+
+    @property
+    def needs_draft(self) -> bool:
+        return any(m.uses_draft for m in self.modes)
+
+    @property
+    def max_draft(self) -> int:
+        """Draft tokens per iteration at most over the modes, plus the engine's headroom."""
+        return max(m.max_draft for m in self.modes) + 2
+
+    @property
+    def tree_rows(self) -> int:
+        """Rows of the largest target pass any mode makes (root + draft tokens)."""
+        return 1 + max(m.max_draft for m in self.modes)
+
+
+def default_out_dir() -> Path:
+    here = Path.cwd()
+    if (here / "bench" / "make_prompts.py").is_file():      # a Lever source checkout
+        return here / "bench" / "results"
+    return here / "lever-bench-results"
+
+
+def plan_bench(args) -> BenchSetup:
+    """The options resolved (presets, modes, sampling, prompts) and checked; nothing loaded."""
+    from ..bench_prompts import load_prompts
+    from ..sampling import SamplingParams
+
+    n_prompts, new_tokens = counts(args)
+    modes, ar_added = parse_modes(mode_texts(args), add_ar=not args.no_ar_reference)
+    check_options(args, modes)
+    try:
+        params = SamplingParams(temperature=args.temperature, seed=args.seed)
+    except ValueError as e:
+        raise LeverError(str(e)) from None
+    prompts = load_prompts(args.prompt_set, args.categories, n_prompts)
+    out_dir = Path(args.out) if args.out else default_out_dir()
+    return BenchSetup(prompts, new_tokens, modes, ar_added, params, out_dir)
+
+
+def counts(args) -> tuple[int, int]:
+    """(prompts, new tokens per prompt): the options given, else the preset's (--quick or the full set)."""
+    preset = QUICK if args.quick else FULL
+    return (args.prompts if args.prompts is not None else preset["prompts"],
+            args.new_tokens if args.new_tokens is not None else preset["new_tokens"])
+
+
+def mode_texts(args) -> list[str]:
+    """--modes, else the preset's modes plus lever with a draft model (lever needs draft probabilities)."""
+    if args.modes is not None:
+        return args.modes
+    return (QUICK if args.quick else FULL)["modes"] + ([LEVER] if args.draft != "ngram" else [])
+
+
+def check_options(args, modes: list[BenchMode]) -> None:
+    """Refuse option combinations the bench cannot run, before anything loads."""
+    if args.draft == "ngram" and any(m.lever_nodes for m in modes):
+        raise LeverError("mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has "
+                         "no draft probabilities to calibrate")
+    if args.target_store and args.kernels == "torch":
+        raise LeverError("--kernels torch runs in-memory models only (the torch reference); a --target-store "
+                         "streams on the native decoder")
+
+
+def load_target(args, b: BenchSetup, cleanup: list) -> None:
+    """Plan the memory (after the store's tokenizer, part of the measured
+    baseline), then load the target, and the resident reference with --resident."""
+    from .memory_limit import plan_memory
+
+    t0 = time.perf_counter()
+    sampling = not b.params.greedy
+    if args.target_store:
+        from ..api import load_store, store_tokenizer
+        b.store, b.target_name = Path(args.target_store), str(args.target_store)
+        b.manifest = _manifest(b.store)
+        tok = store_tokenizer(b.store, args.cache_dir)
+        b.ids = [tok.encode(tok.format_prompt(p["text"], chat=True)) for p in b.prompts]
+        # what the longest run needs, at most the context (a longer run is refused by the context check)
+        b.kv_tokens = min(b.manifest.config.max_context, max(map(len, b.ids)) + b.new_tokens + b.max_draft + 2)
+        b.memory = plan_memory(args, target_store=args.target_store, draft=_draft_arg(args, b),
+                               kv_tokens=b.kv_tokens, tree_rows=b.tree_rows, sampling=sampling)
+        b.budget = args.dram_budget
+        b.loaded = load_store(b.store, b.budget, dtype=args.dtype, backend=args.reader,
+                              prefetch_depth=args.prefetch_depth, kv_tokens=b.kv_tokens, cache_dir=args.cache_dir,
+                              max_read_bytes_per_s=args.read_limit, tokenizer=tok)
+    else:
+        from ..api import DEFAULT_MODEL, load
+        b.target_name = args.target or DEFAULT_MODEL
+        b.kv_tokens = PROMPT_ALLOWANCE + b.new_tokens + b.max_draft + 2
+        b.memory = plan_memory(args, target_name=b.target_name, draft=_draft_arg(args, b), kv_tokens=b.kv_tokens,
+                               tree_rows=b.tree_rows, sampling=sampling)
+        b.loaded = load(b.target_name, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
+                        kernels=args.kernels)
+        b.ids = [b.loaded.prompt_ids(p["text"]) for p in b.prompts]
+    if b.streamed:
+        cleanup.append(b.target.close)          # the reader's threads and file descriptors
+    b.load_s = time.perf_counter() - t0
+    if args.resident and b.streamed:          # the same store with every extent pinned in DRAM
+        from ..store.streamed import StreamedDecoder
+        b.resident = StreamedDecoder(b.store, EVERYTHING, args.dtype, backend=args.reader, kv_tokens=b.kv_tokens)
+        cleanup.append(b.resident.close)
+
+
+def _manifest(store: Path):
+    from ..store.manifest import StoreManifest
+    try:
+        return StoreManifest.load(store)
+    except StoreError as e:
+        raise StoreError(f"--target-store: {e} (make one with `lever convert MODEL --out DIR`)") from None
+
+
+def _draft_arg(args, b: BenchSetup) -> str | None:
+    """The draft model the plan sizes: --draft when a mode drafts, else none."""
+    return args.draft if b.needs_draft else None
+
+
+def load_draft(args, b: BenchSetup) -> None:
+    """The drafter (when a mode drafts), the stop ids, and one lever policy per lever mode."""
+    from ..api import make_drafter
+    from ..engine import SpecConfig
+
+    b.drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels)
+                 if b.needs_draft else None)
+    b.stop_ids = frozenset() if args.ignore_eos else b.loaded.tokenizer.eos_token_ids
+    for i, m in enumerate(b.modes):
+        if m.lever_nodes:
+            from ..policy import lever_policy
+            policy = lever_policy(b.target, b.drafter, target_id=b.loaded.path, kernels=args.kernels,
+                                  reader=args.reader, read_limit_bytes_per_s=args.read_limit if b.streamed else 0.0,
+                                  dtype=args.dtype, params=b.params, cache_dir=args.cache_dir,
+                                  max_nodes=m.lever_nodes, progress=not args.no_progress)
+            b.policies.append(policy)
+            b.modes[i] = BenchMode(m.label, SpecConfig(LEVER, policy=policy), m.lever_nodes)
+    b.calibration_start = [p.calibration.observations for p in b.policies]
+
+
+def warm_up(args, b: BenchSetup) -> None:
+    """One short run (allocations, the read ring, the drafter), then start cold:
+    the page cache dropped with --drop-caches, the store's raw read rate measured
+    and its statistics reset."""
+    from ..engine import SpecConfig, speculative_generate
+    from ..store.flash_reader import drop_page_cache
+
+    warm_mode = next((m for m in b.modes if m.spec.mode != "ar"), b.modes[0])
+    warm_spec = warm_mode.spec if warm_mode.spec.mode != LEVER else SpecConfig("tree")   # lever learns from runs
+    speculative_generate(b.target, b.drafter if warm_mode.spec.mode != "ar" else None, b.ids[0], 2, b.params,
+                         warm_spec, stop_ids=b.stop_ids)
+    if b.resident is not None:
+        speculative_generate(b.resident, None, b.ids[0], 2, b.params, SpecConfig("ar"), stop_ids=b.stop_ids)
+    b.page_cache = drop_page_cache() if args.drop_caches else "not dropped"
+    if b.streamed:
+        from ..store.bandwidth import SWEEP_SLOTS, sequential_read
+        b.raw_read_bps, _ = sequential_read(b.store, args.reader, args.read_limit,
+                                            extent_bytes=sweep_extent(b.memory), slots=SWEEP_SLOTS)
+        b.target.reset_stats()
+
+
+def sweep_extent(plan) -> int:
+    """Bytes per read of the raw read-rate sweep: bandwidth.SWEEP_EXTENT, or under
+    --memory-limit small enough that the sweep's buffers (SWEEP_SLOTS of them) take
+    at most half the plan's safety margin (at least 1 MiB, a multiple of 4 KiB)."""
+    from ..store.bandwidth import SWEEP_EXTENT, SWEEP_SLOTS
+    if plan is None:
+        return SWEEP_EXTENT
+    share = plan.margin_bytes // 2 // SWEEP_SLOTS
+    return max(1 << 20, min(SWEEP_EXTENT, share // 4096 * 4096))

@@ -1,0 +1,107 @@
+"""`--memory-limit SIZE` for one run: what the target may hold, before anything loads.
+
+A command that takes `--memory-limit` calls `plan_run` first thing: it
+measures the runtime's baseline RSS (interpreter, numpy, the native module,
+the tokenizer already loaded), sizes the draft from its GGUF header (weights
+and KV cache, never loading it), adds the scratch a pass needs (activations,
+and the logits rows sampling keeps), and hands the target what is left:
+
+- a flash-store target gets that as its DRAM budget (`store_budget_bytes`,
+  passed to `store.residency.plan_residency`: pinned layers, read ring, KV);
+- an in-memory target must fit whole (weights + KV), or the run is refused.
+
+A limit below the minimum raises MemoryLimitError listing every part (MB).
+`--dram-budget` stays the target-only knob; the two are mutually exclusive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .plan import MemoryPlan, gguf_weight_bytes, kv_bytes, store_minimum
+
+FLOAT_BYTES = 4
+
+
+def kv_dtype_bytes(dtype: str) -> int:
+    """Bytes per KV cache element for a dtype name ("float32" -> 4, "bfloat16" -> 2)."""
+    from ..dtypes import dtype_name
+    return 4 if dtype_name(dtype) == "float32" else 2
+
+
+def pass_scratch_bytes(cfg, rows: int, logits_rows: int) -> int:
+    """Bytes a forward of `rows` tokens allocates besides weights and KV: the
+    float32 activations of a layer (residual, normed input, q/k/v, attention
+    output, gate/up/down) and `logits_rows` float32 rows of logits with the
+    two copies the sampling rules make of them."""
+    qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    per_row = 4 * cfg.hidden_size + qkv + cfg.n_heads * cfg.head_dim + 3 * cfg.intermediate_size
+    return rows * per_row * FLOAT_BYTES + 3 * logits_rows * cfg.vocab_size * FLOAT_BYTES
+
+
+def _gguf_config(path):
+    from ..model.gguf_config import config_from_gguf
+    from ..model.gguf_file import GGUFFile
+    return config_from_gguf(GGUFFile(path))
+
+
+def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_tokens: int,
+             tree_rows: int, sampling: bool, dtype: str, prefetch_depth: int = 2,
+             baseline_bytes: int | None = None) -> tuple[MemoryPlan, int | None]:
+    """The plan of one run under `limit` (bytes or '868MB') and the target
+    store's DRAM budget (bytes; None for an in-memory target).
+
+    target_store: a store directory, or target_path: a GGUF loaded into DRAM.
+    draft_path: the draft model's GGUF (None: no draft model, e.g. n-grams).
+    kv_tokens: KV rows per sequence (prompt + new tokens + tree); tree_rows:
+    rows of the largest target pass; sampling: logits rows are kept (greedy
+    keeps one argmax per row).  baseline_bytes: default this process's RSS
+    on entry, before any header is parsed."""
+    from . import rss
+    baseline = rss.current_rss() if baseline_bytes is None else int(baseline_bytes)
+    dbytes = kv_dtype_bytes(dtype)
+    draft_weights = draft_kv = draft_scratch = 0
+    if draft_path is not None:
+        dcfg = _gguf_config(draft_path)
+        draft_weights = gguf_weight_bytes(draft_path)
+        draft_kv = kv_bytes(dcfg, kv_tokens, dbytes)
+        # greedy drafting ranks rows with the native top-k head; sampling keeps logits rows
+        draft_scratch = pass_scratch_bytes(dcfg, tree_rows, tree_rows if sampling else 0)
+    if target_store is not None:
+        from ..store.manifest import StoreManifest
+        manifest = StoreManifest.load(target_store)
+        cfg = manifest.config
+        minimum = store_minimum(manifest, dbytes, kv_tokens, prefetch_depth)
+    else:
+        cfg = _gguf_config(target_path)
+        minimum = {"weights": gguf_weight_bytes(target_path), "kv_cache": kv_bytes(cfg, kv_tokens, dbytes)}
+    scratch = pass_scratch_bytes(cfg, tree_rows, tree_rows if sampling else 0) + draft_scratch
+    plan = MemoryPlan.build(limit, draft_weight_bytes=draft_weights, draft_kv_bytes=draft_kv,
+                            target_minimum=minimum, target_scratch_bytes=scratch, baseline_bytes=baseline)
+    return plan, (plan.store_budget_bytes if target_store is not None else None)
+
+
+def memory_report(plan: MemoryPlan | None) -> dict:
+    """The JSON `memory` object of a run: the plan (when a limit was given) and
+    this process's RSS figures now (bytes; peak = the high-water mark)."""
+    from . import rss
+    snap = rss.snapshot().to_dict()
+    out = {"rss": snap, "peak_rss_bytes": snap["peak_rss_bytes"]}
+    if plan is not None:
+        out["plan"] = plan.summary()
+        out["within_limit"] = snap["peak_rss_bytes"] <= plan.limit_bytes
+    return out
+
+
+def model_file(name: str | None, cache_dir) -> Path | None:
+    """The GGUF file of a model name or path (None for no model or 'ngram');
+    a checkpoint directory cannot be sized from a header and is refused."""
+    if not name or name == "ngram":
+        return None
+    from ..api import cache_root
+    from ..errors import MemoryLimitError
+    from ..model.registry import resolve_model
+    path = Path(resolve_model(name, cache_dir=cache_root(cache_dir), progress=True))
+    if not path.is_file():
+        raise MemoryLimitError(f"--memory-limit sizes models from their GGUF header; {path} is not a GGUF file")
+    return path
