@@ -8,8 +8,11 @@ among Q4_K, Q6_K, Q8_0, Q5_0, Q4_1 that `_native.matmul_types()` lists, times
 bf16 activations x [M, K] (what the decoder passes when computing in bf16),
 into a preallocated bf16 [M, N] output, for every instruction set of
 `_native.available_isas()` and M = 1 (matrix-vector: decoding), 16, 64, 256
-(prefill, tree verification).  The reference is torch's bf16 matmul
-(`F.linear`) against a dense [N, K] bf16 weight with the same M.
+(prefill, tree verification).  Also `_native.linear` per type and M (isa
+"linear" in the table): float32 activations into a float32 output at the
+process's kernel ISA -- the entry the native decoder (lever.model.native_decoder)
+calls.  The reference is torch's bf16 matmul (`F.linear`) against a dense
+[N, K] bf16 weight with the same M.
 
 Each call takes the next of several copies of the weight (256 MiB of them
 together, far more than the L3 cache), so that the weights come from DRAM as
@@ -18,9 +21,10 @@ of its time) and then timed over as many rounds as fit in about 0.4 s (1 to
 50), so the slow scalar cases stay short.  Reported per case (benchmark.extra_info and a summary
 table at the end): median time, GFLOP/s (2 M N K / t), and for M = 1 the
 GB/s of weight bytes consumed next to this machine's DRAM read bandwidth
-(best of 5 multithreaded torch sums over a 1 GiB array; 1 GB = 1e9 bytes).
+(machine.dram_read_bytes_per_s: multithreaded scans of a 1 GiB array; 1 GB = 1e9 bytes).
 The table and the numbers also go to bench/results/bench_qmatmul.json and
-a chart of GFLOP/s against M to bench/results/bench_qmatmul.png.  Other
+a chart of GFLOP/s against M to bench/results/bench_qmatmul.png
+($LEVER_BENCH_RESULTS names another folder).  Other
 processes on the machine skew the numbers (torch's OpenMP matmul most); the
 share of CPU time they used during the session is printed with the table.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -53,7 +58,7 @@ BATCHES = [1, 16, 64, 256]
 TARGET_S = 0.4          # timed seconds per case, roughly
 MAX_ROUNDS = 50
 RING_BYTES = 256 << 20  # bytes of weight copies cycled through (defeats the caches)
-OUT_DIR = Path(__file__).resolve().parent / "results"
+OUT_DIR = Path(os.environ.get("LEVER_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 # Byte offsets of the fp16 scale fields within a block.
 
@@ -112,7 +117,7 @@ class _Summary:
         tr.write_line(f"{'type':6} {'isa':7} {'M':>4} {'median ms':>10} {'GB/s':>7} {'of DRAM':>8} "
                       f"{'GFLOP/s':>8} {'vs torch':>9}")
         rows = []
-        order = [(t.name, isa) for t in TYPES for isa in ISAS] + [("bf16", "torch")]
+        order = [(t.name, isa) for t in TYPES for isa in ISAS + ["linear"]] + [("bf16", "torch")]
         for name, isa in order:
             for m in BATCHES:
                 if (name, isa, m) not in _results:
@@ -212,6 +217,20 @@ def test_quant_matmul(benchmark, tensor, isa, m):
     assert np.isfinite(torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).float().numpy()).all()
     benchmark.extra_info["isa"] = isa
     _record(benchmark, (qtype.name, isa, m), m, copies[0].nbytes)
+
+
+@pytest.mark.parametrize("m", BATCHES, ids=lambda m: f"M{m}")
+def test_linear_f32(benchmark, tensor, m):
+    """`_native.linear`: the native decoder's matmul (float32 in and out, auto ISA)."""
+    qtype, copies = tensor
+    benchmark.group = f"{qtype.name} M={m}"
+    benchmark.name = f"{qtype.name}-linear-M{m}"
+    x = _activations(m).float().numpy()
+    out = np.empty((m, N), np.float32)
+    _bench(benchmark, _cycling(lambda w: native.linear(x, w.reshape(-1), int(qtype), N, out), copies))
+    assert np.isfinite(out).all()
+    benchmark.extra_info["isa"] = native.kernel_isa()
+    _record(benchmark, (qtype.name, "linear", m), m, copies[0].nbytes)
 
 
 @pytest.mark.parametrize("m", BATCHES, ids=lambda m: f"M{m}")

@@ -72,7 +72,8 @@ def run_one(engine: str, cmd: list[str], cap: int | None, timeout_s: float) -> d
     figures = lever_figures(r) if engine.startswith("lever") else llamacpp.parse_timings(r.stdout_tail + "\n" + r.stderr_tail)
     last = [x for x in r.stderr_tail.splitlines() if x.strip()]
     return {"engine": engine, "rc": r.rc, "oom_killed": r.oom_killed, "timed_out": r.timed_out,
-            "peak_bytes": r.peak_bytes, "major_faults": r.major_faults, "wall_s": round(r.wall_s, 3),
+            "peak_bytes": r.peak_bytes, "peak_rss_bytes": r.peak_rss_bytes, "major_faults": r.major_faults,
+            "wall_s": round(r.wall_s, 3),
             "ok": r.rc == 0 and "tokens_per_s" in figures, "error": None if r.rc == 0 else (last[-1] if last else ""),
             **figures}
 
@@ -82,7 +83,7 @@ def line(cap: int | None, prompt_id: str, row: dict) -> str:
     acc = f" acc.len {row['mean_accepted_length']:.2f}" if row.get("mean_accepted_length") else ""
     state = "OOM-KILLED" if row["oom_killed"] else ("ok" if row["ok"] else f"FAILED rc {row['rc']}: {row['error']}")
     where = f"cap {cap / 1e6:,.0f} MB" if cap else "no cap"
-    return (f"{where:<14} {row['engine']:<16} {prompt_id:<22} {speed}{acc}  peak {row['peak_bytes'] / 1e6:8,.1f} MB  "
+    return (f"{where:<14} {row['engine']:<16} {prompt_id:<22} {speed}{acc}  peak {row['peak_bytes'] / 1e6:7,.0f} MB (RSS {row['peak_rss_bytes'] / 1e6:5,.0f})  "
             f"majflt {row['major_faults']:7d}  {state}")
 
 
@@ -98,6 +99,7 @@ def summary(label: str, rows: list[dict], engines: tuple[str, str]) -> dict:
         sel = [r for r in rows if r["engine"] == e]
         out[e] = {"median_tokens_per_s": median_tps(sel), "runs": len(sel), "ok": sum(r["ok"] for r in sel),
                   "oom_kills": sum(r["oom_killed"] for r in sel), "max_peak_bytes": max(r["peak_bytes"] for r in sel),
+                  "max_peak_rss_bytes": max(r["peak_rss_bytes"] for r in sel),
                   "major_faults": sum(r["major_faults"] for r in sel)}
     a, b = (out[e]["median_tokens_per_s"] for e in engines)
     out["ratio"] = round(a / b, 3) if a and b else None
@@ -110,7 +112,8 @@ def print_summary(s: dict, engines: tuple[str, str]) -> None:
         x = s[e]
         tps = f"{x['median_tokens_per_s']:.2f}" if x["median_tokens_per_s"] else "-"
         parts.append(f"{e} {tps} tok/s (ok {x['ok']}/{x['runs']}, OOM {x['oom_kills']}, peak "
-                     f"{x['max_peak_bytes'] / 1e6:,.0f} MB, majflt {x['major_faults']})")
+                     f"{x['max_peak_bytes'] / 1e6:,.0f} MB, RSS {x['max_peak_rss_bytes'] / 1e6:,.0f} MB, "
+                     f"majflt {x['major_faults']})")
     ratio = f"{s['ratio']:.2f}x" if s["ratio"] else "n/a"
     print(f"# {s['label']}: " + "; ".join(parts) + f"; {engines[0]} / {engines[1]} = {ratio}", flush=True)
 

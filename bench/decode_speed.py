@@ -1,11 +1,19 @@
 """In-memory autoregressive decoding speed: Lever's decoder vs transformers' generate().
 
-Same weights (dequantised from the model's GGUF), same dtype, same prompt,
-greedy, no early stop, run side by side and interleaved in one process.
+Three engines on one GGUF, same prompt, greedy, no early stop, run side by
+side and interleaved in one process:
+
+  lever        lever.load(kernels="native"): the native decoder (quantised
+               matrices, float32 activations, a --dtype KV cache)
+  lever-torch  lever.load(kernels="torch"): the torch reference, every weight
+               dequantised to --dtype
+  transformers transformers' generate() on exactly the torch reference's
+               weights (lever.model.hf_export.hf_from_ours), --dtype
+
 Decode rate = (N - 1) / (time for N new tokens - time for 1 new token), which
-removes prefill from both sides the same way.  Also prints the weight bytes
-touched per token and the DRAM lower bound on time per token (measured copy
-bandwidth), writes JSON and a PNG chart.
+removes prefill from all sides the same way.  Also prints the weight bytes
+the native decoder touches per token and the DRAM lower bound on its time per
+token (measured read bandwidth), writes JSON and a PNG chart.
 
     python bench/decode_speed.py [--models smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b]
                                  [--new-tokens 32] [--repeats 3] [--dtype bfloat16] [--out bench/results]
@@ -21,13 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-import lever
 import torch
 
-
+import lever
+from lever import _native
 from lever.autoregressive import generate_tokens
 from lever.model.hf_export import hf_from_ours
-from machine import dram_read_bytes_per_s
+from machine import dram_read_bytes_per_s, weights_per_token
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -64,10 +72,12 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                    help="threads of torch and of the native pool")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    _native.set_num_threads(args.threads)
     import transformers
 
     bw = dram_read_bytes_per_s() / 2**30
@@ -77,31 +87,32 @@ def main() -> int:
     rows = []
     for i, name in enumerate(args.models, 1):
         print(f"[{i}/{len(args.models)}] loading {name} ...", file=sys.stderr, flush=True)
-        m = lever.load(name, dtype=args.dtype)
-        hf = hf_from_ours(m.model)
+        m = lever.load(name, dtype=args.dtype, kernels="native")
+        ref_model = lever.load(name, dtype=args.dtype, kernels="torch").model
+        hf = hf_from_ours(ref_model.decoder)
         ids = m.prompt_ids(PROMPT)
-        weight_bytes = sum(p.numel() * p.element_size() for p in m.model.parameters())
-        # per token, every weight but the embedding table is read once (one embedding row)
-        emb = m.model.embed_tokens.weight
-        touched = weight_bytes - (emb.numel() * emb.element_size() if not m.config.tie_word_embeddings else 0)
-        time_ours(m.model, ids, 2), time_hf(hf, ids, 2)          # warm up both
+        touched = weights_per_token(m.model)
+        time_ours(m.model, ids, 2), time_ours(ref_model, ids, 2), time_hf(hf, ids, 2)   # warm up all
         ours = decode_rate(lambda n: time_ours(m.model, ids, n), args.new_tokens, args.repeats)
+        ours_torch = decode_rate(lambda n: time_ours(ref_model, ids, n), args.new_tokens, args.repeats)
         ref = decode_rate(lambda n: time_hf(hf, ids, n), args.new_tokens, args.repeats)
         lower_bound_s = touched / (bw * 2**30)
         row = dict(model=name, dtype=args.dtype, prompt_tokens=len(ids), lever_tokens_per_s=round(ours, 2),
+                   lever_torch_tokens_per_s=round(ours_torch, 2),
                    transformers_tokens_per_s=round(ref, 2), ratio=round(ours / ref, 3),
                    weight_bytes_per_token=touched, dram_lower_bound_s_per_token=round(lower_bound_s, 5),
                    dram_bound_tokens_per_s=round(1 / lower_bound_s, 1))
         rows.append(row)
-        print(f"{name:<20} {args.dtype}  lever {ours:7.2f} tok/s   transformers {ref:7.2f} tok/s   "
-              f"ratio {ours / ref:5.2f}x   weights/token {touched / 2**20:7.1f} MiB   "
-              f"DRAM bound {1 / lower_bound_s:6.1f} tok/s", flush=True)
-        del m, hf
+        print(f"{name:<20} {args.dtype}  lever {ours:7.2f} tok/s   lever-torch {ours_torch:7.2f} tok/s   "
+              f"transformers {ref:7.2f} tok/s   ratio {ours / ref:5.2f}x   weights/token "
+              f"{touched / 2**20:7.1f} MiB   DRAM bound {1 / lower_bound_s:6.1f} tok/s", flush=True)
+        del m, ref_model, hf
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = dict(benchmark="decode_speed", machine=platform.machine(), processor=platform.processor(),
-                  threads=args.threads, new_tokens=args.new_tokens, dram_read_bw_gib_s=round(bw, 2),
+                  threads=args.threads, kernel_isa=_native.kernel_isa(), new_tokens=args.new_tokens,
+                  dram_read_bw_gib_s=round(bw, 2),
                   torch=torch.__version__, transformers=transformers.__version__, rows=rows)
     (out / "decode_speed.json").write_text(json.dumps(result, indent=2))
     plot(rows, out / "decode_speed.png")
@@ -117,8 +128,10 @@ def plot(rows, path: Path) -> None:
     names = [r["model"] for r in rows]
     x = range(len(rows))
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar([i - 0.2 for i in x], [r["lever_tokens_per_s"] for r in rows], 0.4, label="Lever")
-    ax.bar([i + 0.2 for i in x], [r["transformers_tokens_per_s"] for r in rows], 0.4, label="transformers")
+    for j, (key, label) in enumerate([("lever_tokens_per_s", "Lever (native)"),
+                                      ("lever_torch_tokens_per_s", "Lever (torch reference)"),
+                                      ("transformers_tokens_per_s", "transformers")]):
+        ax.bar([i - 0.4 + 0.8 / 3 * (j + 0.5) for i in x], [r[key] for r in rows], 0.8 / 3, label=label)
     ax.set_xticks(list(x), names)
     ax.set_ylabel("decode tokens/s (in memory)")
     ax.set_title(f"Autoregressive decoding, {rows[0]['dtype'] if rows else ''}")

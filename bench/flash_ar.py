@@ -8,11 +8,15 @@ In one run, on one store file:
    DRAM budget that pins under half the layers: per-token latency, bandwidth
    achieved while streaming, stall fraction, bytes per token, and the I/O
    lower bound (streamed bytes per pass / raw bandwidth);
-3. the same decoding with the whole target resident in DRAM, for reference.
+3. the same decoding with the whole target resident in DRAM, for reference:
+   the same native decoder over the same store with every extent pinned (a
+   budget above the whole store), and with --torch-reference also the torch
+   reference (lever.store.torch_reference.load_store_model: the store
+   dequantised to bf16, torch matmuls; the only use of torch here).
 Prints one line per figure, writes JSON and a PNG.
 
     python bench/flash_ar.py [--model qwen2.5-coder-1.5b] [--store DIR] [--dram-budget 600MB]
-                             [--new-tokens 16] [--reader auto] [--out bench/results]
+                             [--new-tokens 16] [--reader auto] [--torch-reference] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -24,8 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from lever.api import cache_root, store_tokenizer
 from lever.autoregressive import generate_tokens
 from lever.store.bandwidth import sequential_read
@@ -33,7 +35,7 @@ from lever.store.convert import convert
 from lever.store.flash_reader import drop_page_cache
 from lever.store.manifest import StoreManifest
 from lever.store.residency import parse_size
-from lever.store.streamed import StreamedDecoder, load_store_model
+from lever.store.streamed import StreamedDecoder
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -65,6 +67,8 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"])
     ap.add_argument("--prefetch-depth", type=int, default=2)
+    ap.add_argument("--torch-reference", action="store_true",
+                    help="also decode on the torch resident reference (needs torch; bf16 dense weights)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
 
@@ -84,8 +88,9 @@ def main() -> int:
           f"reader={raw_stats['backend']} direct={raw_stats['direct']} page_cache: {cache_note}", flush=True)
 
     budget = parse_size(args.dram_budget)
-    streamed = StreamedDecoder(store, budget, torch.bfloat16, backend=args.reader,
-                               prefetch_depth=args.prefetch_depth, kv_tokens=len(ids) + args.new_tokens + 16)
+    kv_tokens = len(ids) + args.new_tokens + 16
+    streamed = StreamedDecoder(store, budget, "bfloat16", backend=args.reader,
+                               prefetch_depth=args.prefetch_depth, kv_tokens=kv_tokens)
     plan = streamed.plan
     print(f"DRAM budget {budget / 1e6:,.0f} MB: {plan.pinned_layers}/{m.config.n_layers} layers pinned, "
           f"{len(plan.pinned) - plan.pinned_layers} head parts pinned, "
@@ -102,24 +107,39 @@ def main() -> int:
     passes = rep["passes"]
     bytes_per_pass = plan.streamed_bytes_per_pass
     lower_bound = bytes_per_pass / (raw_gib_s * 2**30)
-    total_time = rep["stall_s"] + rep["dequant_s"] + rep["compute_s"]
+    total_time = rep["stall_s"] + rep["compute_s"]
     stall_fraction = rep["stall_s"] / total_time if total_time else 0.0
     achieved = rep["achieved_gib_s"] or 0.0
     print(f"streamed AR: {t_stream * 1e3:8.1f} ms/token ({1 / t_stream:.2f} tokens/s), "
-          f"{rep['bytes_read'] / passes / 1e6:,.1f} MB read per token, I/O lower bound "
+          f"{rep['bytes_read_per_pass'] / 1e6:,.1f} MB read per token, I/O lower bound "
           f"{lower_bound * 1e3:.1f} ms/token, latency / lower bound = {t_stream / lower_bound:.2f}", flush=True)
     print(f"streaming bandwidth {achieved:.2f} GiB/s = {achieved / raw_gib_s:.2f} of raw; stall fraction "
-          f"{stall_fraction:.2f} (stall {rep['stall_s']:.2f} s, dequant {rep['dequant_s']:.2f} s, "
-          f"compute {rep['compute_s']:.2f} s over {passes} passes); peak RSS {rep['peak_rss_bytes'] / 1e6:,.0f} MB "
-          f"(Python + torch + tokenizer before loading: {baseline_rss / 1e6:,.0f} MB)",
+          f"{stall_fraction:.2f} (stall {rep['stall_s']:.2f} s, compute {rep['compute_s']:.2f} s over "
+          f"{passes} passes); peak RSS {rep['peak_rss_bytes'] / 1e6:,.0f} MB "
+          f"(Python + tokenizer before loading: {baseline_rss / 1e6:,.0f} MB)",
           flush=True)
 
-    resident = load_store_model(store, torch.bfloat16, backend=args.reader)
+    resident = StreamedDecoder(store, 2 * m.weights_bytes + (1 << 30), "bfloat16", backend=args.reader,
+                               kv_tokens=kv_tokens)       # a budget above the store: every extent pinned
+    assert not resident.plan.streamed, "the resident reference streams"
     generate_tokens(resident, ids, 2)
     t_res, res_tokens = per_token_decode(resident, ids, args.new_tokens)
+    resident.close()
     del resident
-    print(f"resident AR: {t_res * 1e3:8.1f} ms/token ({1 / t_res:.2f} tokens/s); streamed / resident = "
-          f"{t_stream / t_res:.2f}; same tokens: {stream_tokens == res_tokens}", flush=True)
+    print(f"resident AR (native, all pinned): {t_res * 1e3:8.1f} ms/token ({1 / t_res:.2f} tokens/s); "
+          f"streamed / resident = {t_stream / t_res:.2f}; same tokens: {stream_tokens == res_tokens}", flush=True)
+    torch_ref = None
+    if args.torch_reference:
+        from lever.model.torch_reference import TorchModel
+        from lever.store.torch_reference import load_store_model
+        reference = TorchModel(load_store_model(store, "bfloat16", backend=args.reader))
+        generate_tokens(reference, ids, 2)
+        t_ref, ref_tokens = per_token_decode(reference, ids, args.new_tokens)
+        del reference
+        torch_ref = dict(s_per_token=t_ref, same_tokens=ref_tokens == res_tokens)
+        print(f"resident AR (torch reference, bf16): {t_ref * 1e3:8.1f} ms/token ({1 / t_ref:.2f} tokens/s); "
+              f"torch / native resident = {t_ref / t_res:.2f}; same tokens as native: {ref_tokens == res_tokens}",
+              flush=True)
 
     result = dict(benchmark="flash_ar", model=args.model, store=str(store), storage=m.storage,
                   machine=platform.machine(), page_cache=cache_note, reader=rep["reader"],
@@ -128,9 +148,10 @@ def main() -> int:
                   new_tokens=args.new_tokens, streamed_s_per_token=t_stream, resident_s_per_token=t_res,
                   io_lower_bound_s_per_token=lower_bound, latency_over_lower_bound=t_stream / lower_bound,
                   achieved_gib_s=achieved, achieved_over_raw=achieved / raw_gib_s,
-                  stall_fraction=stall_fraction, bytes_read_per_token=rep["bytes_read"] / passes,
-                  time_split_s=dict(stall=rep["stall_s"], dequant=rep["dequant_s"], compute=rep["compute_s"]),
-                  peak_rss_bytes=rep["peak_rss_bytes"], same_tokens=stream_tokens == res_tokens)
+                  stall_fraction=stall_fraction, bytes_read_per_token=rep["bytes_read_per_pass"],
+                  time_split_s=dict(stall=rep["stall_s"], compute=rep["compute_s"]),
+                  peak_rss_bytes=rep["peak_rss_bytes"], same_tokens=stream_tokens == res_tokens,
+                  torch_reference=torch_ref)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"flash_ar_{m.storage}"
@@ -153,7 +174,7 @@ def plot(r: dict, path: Path) -> None:
     a.set_title(f"{r['model']}, budget {r['dram_budget_bytes'] / 1e6:.0f} MB")
     split = r["time_split_s"]
     bottom = 0.0
-    for k, c in (("compute", "tab:orange"), ("dequant", "tab:purple"), ("stall", "tab:red")):
+    for k, c in (("compute", "tab:orange"), ("stall", "tab:red")):
         b.bar(["streamed pass"], [split[k]], bottom=bottom, label=k, color=c)
         bottom += split[k]
     b.set_ylabel("seconds (all passes)")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import resource
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 # Byte offsets of the fp16 scale fields within a block of each type.
@@ -20,14 +20,19 @@ SCALE_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K
 
 
 def dram_read_bytes_per_s() -> float:
-    """Measured DRAM read bandwidth: best of 5 sums over a 1 GiB tensor (bytes/s)."""
-    x = torch.ones(256 * 1024 * 1024, dtype=torch.float32)
+    """Measured DRAM read bandwidth: best of 5 passes of np.max over a 1 GiB float32
+    array, one slice per CPU scanned by its own thread (numpy releases the GIL;
+    max is SIMD and lighter than a pairwise sum, so memory-bound), in bytes/s."""
+    x = np.ones(256 * 1024 * 1024, dtype=np.float32)
+    n = os.cpu_count() or 1
+    parts = np.array_split(x, n)
     best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best
+    with ThreadPoolExecutor(n) as pool:
+        for _ in range(5):
+            t0 = time.perf_counter()
+            list(pool.map(np.max, parts))
+            best = min(best, time.perf_counter() - t0)
+    return x.nbytes / best
 
 
 def random_blocks(qtype, rows: int, cols: int, seed: int | None = None) -> np.ndarray:
@@ -41,6 +46,27 @@ def random_blocks(qtype, rows: int, cols: int, seed: int | None = None) -> np.nd
         scales = (rng.random(n_blocks, dtype=np.float32) * 0.01).astype(np.float16)
         raw[:, off:off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
     return raw.reshape(rows, -1)
+
+
+def embedding_bytes(model) -> int:
+    """Bytes of the embedding table held by `model`: a NativeDecoder over resident
+    weights (lever.model.native_loader.ResidentWeights), or the torch reference
+    (lever.model.torch_reference.TorchModel)."""
+    if hasattr(model, "weights"):
+        from lever.model.native_loader import held_bytes
+        return held_bytes(model.weights.embedding)
+    emb = model.decoder.embed_tokens
+    return emb.qweight.nbytes if emb.qweight is not None else emb.weight.numel() * emb.weight.element_size()
+
+
+def weights_per_token(model) -> int:
+    """Weight bytes one decoding step of an in-memory `model` reads: everything
+    resident but the embedding table (one row of it), which the head reads in
+    full only when tied."""
+    touched = model.resident_weight_bytes
+    if not model.config.tie_word_embeddings:
+        touched -= embedding_bytes(model)
+    return touched
 
 
 class OtherLoad:

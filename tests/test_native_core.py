@@ -367,21 +367,21 @@ def test_linear_writes_a_strided_slice():
 @pytest.mark.parametrize("qtype", [Q8_0, F32, BF16])
 def test_argmax_update_equals_argmax_of_logits(qtype):
     rng = np.random.default_rng(6)
-    vocab = 3000
+    vocab = 12000
     h = rng.standard_normal((4, HIDDEN)).astype(np.float32)
     w = (rng.standard_normal((vocab, HIDDEN)) * 0.1).astype(np.float32)
-    w[2900] = w[50] = h[1] * 0.5       # row 1: a tie between 50 and 2900 (first one wins)
+    w[11600] = w[200] = h[1] * 0.5     # row 1: a tie between 200 and 11600 (first one wins)
     raw, _ = encode(w, qtype)
     logits = np.empty((4, vocab), np.float32)
     _native.linear(h, raw, qtype, vocab, logits)
-    assert logits[1, 50] == logits[1, 2900] == logits[1].max()
+    assert logits[1, 200] == logits[1, 11600] == logits[1].max()
     best_val = np.full(4, -np.inf, np.float32)
     best_idx = np.full(4, -1, np.int64)
-    split, row_bytes = 1700, raw.nbytes // vocab       # two parts, each over the 1024-row chunk size
+    split, row_bytes = 6800, raw.nbytes // vocab       # two parts, each over the 4096-row chunk size
     _native.argmax_update(h, raw[:split * row_bytes], qtype, split, 0, best_val, best_idx)
     _native.argmax_update(h, raw[split * row_bytes:], qtype, vocab - split, split, best_val, best_idx)
     assert best_idx.tolist() == np.argmax(logits, axis=1).tolist()
-    assert best_idx[1] == 50
+    assert best_idx[1] == 200
     assert np.array_equal(best_val, logits.max(axis=1))
 
 
@@ -398,22 +398,22 @@ def topk_in_parts(h, raw, qtype, vocab, k, cuts):
 @pytest.mark.parametrize("qtype", [Q8_0, F32, BF16])
 def test_topk_update_equals_numpy(qtype):
     rng = np.random.default_rng(7)
-    vocab, k = 3000, 6
+    vocab, k = 12000, 6
     h = rng.standard_normal((5, HIDDEN)).astype(np.float32)
     w = (rng.standard_normal((vocab, HIDDEN)) * 0.1).astype(np.float32)
-    w[2900] = w[1200] = w[50] = h[1] * 0.5            # row 1: a 3-way tie for the top, across parts
+    w[11600] = w[4800] = w[200] = h[1] * 0.5          # row 1: a 3-way tie for the top, across parts
     for i, c in enumerate([1.0, 0.9, 0.8, 0.7, 0.6]):  # row 3: 5 clear leaders, then a tie for the
-        w[100 + 300 * i] = h[3] * c                    # 6th place (2500 and 1500 equal: 1500 wins)
-    w[2500] = w[1500] = h[3] * 0.5
+        w[400 + 1200 * i] = h[3] * c                  # 6th place (10000 and 6000 equal: 6000 wins)
+    w[10000] = w[6000] = h[3] * 0.5
     raw, _ = encode(w, qtype)
     logits = np.empty((5, vocab), np.float32)
     _native.linear(h, raw, qtype, vocab, logits)
-    assert logits[1, 50] == logits[1, 1200] == logits[1, 2900] == logits[1].max()
-    assert logits[3, 1500] == logits[3, 2500]
-    best_val, best_idx, run_max, run_sum = topk_in_parts(h, raw, qtype, vocab, k, [1000, 1700])
+    assert logits[1, 200] == logits[1, 4800] == logits[1, 11600] == logits[1].max()
+    assert logits[3, 6000] == logits[3, 10000]
+    best_val, best_idx, run_max, run_sum = topk_in_parts(h, raw, qtype, vocab, k, [4000, 6800])
     order = np.argsort(-logits, axis=1, kind="stable")[:, :k]     # value descending, then id
     assert np.array_equal(best_idx, order)
-    assert best_idx[1, :3].tolist() == [50, 1200, 2900] and best_idx[3, 5] == 1500
+    assert best_idx[1, :3].tolist() == [200, 4800, 11600] and best_idx[3, 5] == 6000
     assert np.array_equal(best_val, np.take_along_axis(logits, order, axis=1))
     assert np.array_equal(run_max, logits.max(axis=1))
     wide = logits.astype(np.float64)
@@ -422,11 +422,11 @@ def test_topk_update_equals_numpy(qtype):
     ids, logprobs = topk_result(best_val, best_idx, run_max, run_sum)
     np.testing.assert_allclose(logprobs, np.take_along_axis(log_softmax(logits), order, axis=1), rtol=0, atol=2e-6)
     # however the vocabulary is split, and whichever rows run together: the same bits
-    for got in (topk_in_parts(h, raw, qtype, vocab, k, []), topk_in_parts(h, raw, qtype, vocab, k, [1, 2999])):
+    for got in (topk_in_parts(h, raw, qtype, vocab, k, []), topk_in_parts(h, raw, qtype, vocab, k, [1, 11999])):
         for a, b in zip(got, (best_val, best_idx, run_max, run_sum)):
             assert np.array_equal(a, b)
     for r in range(5):
-        alone = topk_in_parts(h[r:r + 1], raw, qtype, vocab, k, [1000, 1700])
+        alone = topk_in_parts(h[r:r + 1], raw, qtype, vocab, k, [4000, 6800])
         for a, b in zip(alone, (best_val, best_idx, run_max, run_sum)):
             assert np.array_equal(a[0], b[r])
 

@@ -268,6 +268,35 @@ def test_eight_concurrent_sessions_each_get_their_solo_output(smol_server, smol_
     assert solo[0] == solo[2] and solo[4] != solo[5]          # greedy repeats; seeds differ
 
 
+def test_threads_forwarding_one_model_each_get_their_solo_logits(tiny_pair):
+    """A server runs every session's passes on one shared model: passes from
+    several threads are serialised (NativeDecoder's pass lock), each thread
+    gets the logits it gets alone."""
+    target, _ = tiny_pair
+    prompts = [[(3 * t + i) % 20 for i in range(12 + t)] for t in range(4)]
+
+    def logits(ids):
+        n = len(ids)
+        return target(np.array(ids), np.arange(n), np.tri(n, n, dtype=bool), target.new_cache(n))
+
+    solo = [logits(ids) for ids in prompts]
+    got, errors = {}, []
+
+    def worker(t):
+        try:
+            got[t] = [logits(prompts[t]) for _ in range(100)]
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors, errors
+    assert all(np.array_equal(out, solo[t]) for t in range(4) for out in got[t])
+
+
 # -- validation, auth, limits ------------------------------------------------------------------
 
 @pytest.fixture()

@@ -10,8 +10,9 @@ import torch
 from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from lever.sampling import (MAX_SEED, SamplingParams, position_noise, processed_probs, resolve_seed,
-                            sample_at)
+from lever import _native
+from lever.sampling import (MAX_SEED, SamplingParams, position_noise, processed_logits, processed_probs,
+                            resolve_seed, sample_at, sample_at_reference)
 
 
 def hf_probs(logits, t, k, p):
@@ -123,6 +124,137 @@ def test_noise_is_fixed_across_versions():
 
 
 PINNED_NOISE = [0.6317335971926811, 2.479646964765107, 2.347810961077632, 1.4400464822540124]
+
+
+# ---------------------------------------------------------------------------
+# The native draw (lever._native.sample_position, behind sample_at) against the
+# numpy reference (sample_at_reference). What may differ is float rounding only
+# (csrc/model/sampler.h): numpy's SIMD log vs libm's (1 ulp of the noise), and
+# at the top-p boundary numpy's float32 pairwise sum and SIMD exp vs the
+# native double sum and libm exp (a few float32 ulps of a probability). So the
+# native processed row must equal processed_logits except for tokens whose
+# cumulative mass before them is within BOUNDARY of top_p, and the native token
+# must be the Gumbel-max of the native processed row -- hence the reference's
+# token whenever the rows agree.
+
+BOUNDARY = 1e-6      # |cumsum - p - float32(top_p)| of a token the two may keep differently
+
+
+def reference_mass_before(logits, params):
+    """Per token: the float32 probability mass before it in processed_logits'
+    top-p sort (the quantity its drop rule compares with top_p)."""
+    lg = np.asarray(logits, np.float32) / np.float32(params.temperature)
+    if params.top_k and params.top_k < lg.shape[-1]:
+        kth = np.partition(lg, -params.top_k)[-params.top_k]
+        lg = np.where(lg < kth, np.float32(-np.inf), lg)
+    order = np.argsort(-lg, kind="stable")
+    e = np.exp(lg[order] - lg.max())
+    probs = e / e.sum()
+    before = np.empty_like(probs)
+    before[order] = np.cumsum(probs) - probs
+    return before
+
+
+def check_native_draw(logits, params, seed, position) -> bool:
+    """Asserts the native draw is the reference's up to the rounding above;
+    returns whether the processed rows were bit-identical."""
+    ours = _native.processed_scores(logits, params.temperature, params.top_k, params.top_p)
+    ref = processed_logits(logits, params)
+    differ = np.flatnonzero(ours != ref)
+    if len(differ):
+        assert params.top_p < 1, (differ, params)
+        margin = np.abs(reference_mass_before(logits, params)[differ].astype(np.float64) - np.float32(params.top_p))
+        assert margin.max() <= BOUNDARY, (differ, margin, params)
+    token = sample_at(logits, params, seed, position)
+    scores = ours.astype(np.float64) + position_noise(seed, position, len(logits))
+    assert token == int(np.argmax(scores)), (token, int(np.argmax(scores)), params, seed, position)
+    if not len(differ):
+        assert token == sample_at_reference(logits, params, seed, position)
+    return not len(differ)
+
+
+def random_row(rng, vocab: int, kind: int) -> np.ndarray:
+    """Logits of one of several shapes: normal, wide, rounded (many ties),
+    flat, one peaked token, some -inf, nearly flat."""
+    x = rng.standard_normal(vocab)
+    x = [x, x * 20, np.round(x * 2), np.zeros(vocab), x, x * 3, x * 0.01][kind]
+    if kind == 4:
+        x[rng.integers(vocab)] += 30
+    if kind == 5:
+        x[rng.random(vocab) < 0.3] = -np.inf
+    return x.astype(np.float32)
+
+
+def test_native_draw_equals_reference_on_random_rows():
+    """4,000 random (row, temperature, top_k, top_p, seed, position) cases."""
+    rng = np.random.default_rng(20261201)
+    identical = 0
+    n = 4000
+    for _ in range(n):       # (an all -inf row makes the reference warn: errstate below)
+        vocab = int(rng.choice([1, 2, 7, 50, 1000, 4099]))
+        params = SamplingParams(temperature=float(rng.choice([1e-3, 0.3, 0.8, 1.0, 1.5, 100.0])),
+                                top_k=int(rng.choice([0, 0, 1, 2, 10, 40, vocab, vocab + 5])),
+                                top_p=float(rng.choice([1.0, 1.0, 0.9, 0.5, 0.95, 0.999, 1e-6, 0.9999999])))
+        with np.errstate(invalid="ignore"):
+            identical += check_native_draw(random_row(rng, vocab, int(rng.integers(7))), params,
+                                           int(rng.integers(0, MAX_SEED, dtype=np.int64)), int(rng.integers(0, 2**40)))
+    assert identical >= 0.98 * n           # differences only at a top-p boundary within rounding
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=40),
+                                    SamplingParams(temperature=0.8, top_p=0.95),
+                                    SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
+                                    SamplingParams(temperature=1.0, top_k=5000)])
+def test_native_draw_equals_reference_at_full_vocabulary(params):
+    """A 151,936-token vocabulary (Qwen's), flat and peaked rows: the pruned
+    draw and the prefix-only top-p sort give the reference's token."""
+    rng = np.random.default_rng(7)
+    vocab = 151_936
+    rows = [rng.standard_normal(vocab).astype(np.float32), (rng.standard_normal(vocab) * 4).astype(np.float32)]
+    rows[1][123] += 25
+    for row in rows:
+        for position in range(3):
+            assert check_native_draw(row, params, 99, 1000 + position)
+
+
+def test_native_draw_non_finite_rows():
+    """As the reference: a NaN wins (the first), else a +inf (the first); an
+    all -inf row gives token 0; -inf entries are never drawn."""
+    cases = [[0.0, np.nan, 1.0, np.nan], [0.0, np.inf, 1.0, np.inf], [-np.inf] * 3, [np.inf, np.nan],
+             [-np.inf, 2.0, -np.inf, 2.0], [1e38, 3e38, -3e38]]
+    with np.errstate(invalid="ignore", over="ignore"):
+        for row in cases:
+            row = np.array(row, dtype=np.float32)
+            for params in (SamplingParams(temperature=1e-3), SamplingParams(temperature=1.0, top_k=1),
+                           SamplingParams(temperature=0.5, top_p=0.5), SamplingParams(temperature=2.0, top_k=2, top_p=0.9)):
+                for position in range(4):
+                    assert sample_at(row, params, 5, position) == sample_at_reference(row, params, 5, position), \
+                        (row, params, position)
+
+
+def test_native_noise_is_the_reference_noise():
+    """The native splitmix64 bits are the reference's; the logs agree to ~1 ulp."""
+    for seed, position in [(12345, 67), (0, 0), (MAX_SEED, 2**40), (7, 123_456)]:
+        np.testing.assert_allclose(_native.position_noise(seed, position, 50_000), position_noise(seed, position, 50_000),
+                                   rtol=4e-16, atol=4e-16)
+    assert _native.position_noise(12345, 67, 4).tolist() == pytest.approx(PINNED_NOISE, abs=1e-12)
+
+
+def test_native_draw_argument_checks():
+    row = np.zeros(8, dtype=np.float32)
+    for bad in (row.astype(np.float64), row.reshape(2, 4), row[::2], np.zeros(0, dtype=np.float32)):
+        with pytest.raises(ValueError, match="logits"):
+            _native.sample_position(bad, 1.0, 0, 1.0, 0, 0)
+    for t in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            _native.sample_position(row, t, 0, 1.0, 0, 0)
+    with pytest.raises(ValueError, match="top_k"):
+        _native.sample_position(row, 1.0, -1, 1.0, 0, 0)
+    for p in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="top_p"):
+            _native.sample_position(row, 1.0, 0, p, 0, 0)
+    assert sample_at(row.astype(np.float64), SamplingParams(temperature=1.0), 3, 4) == \
+        sample_at_reference(row, SamplingParams(temperature=1.0), 3, 4)       # sample_at converts to float32
 
 
 def test_resolve_seed():

@@ -403,12 +403,13 @@ def random_prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
     return out
 
 
-def check_random_pair_greedy(label, target, draft):
-    prompts = random_prompts(target.config.vocab_size, 8, seed=12)
+def check_random_pair_greedy(label, target, draft, n_prompts: int = 8, modes=tuple(SPECS)):
+    prompts = random_prompts(target.config.vocab_size, n_prompts, seed=12)
     acc, divergences = Acceptance(), []
     for i, ids in enumerate(prompts):
         ref = generate_tokens(target, ids, RANDOM_NEW_TOKENS).token_ids
-        for mode, spec in SPECS.items():
+        for mode in modes:
+            spec = SPECS[mode]
             drafters = [("model", ModelDrafter(draft))] + ([("ngram", NgramDrafter())]
                                                            if mode not in ("ar", "lever") else [])
             for name, drafter in drafters:
@@ -416,7 +417,7 @@ def check_random_pair_greedy(label, target, draft):
                 check_greedy(target, ids, got, ref, f"{label} {name} {mode} prompt {i}", divergences)
                 acc.add(f"{name}-{mode}", stats)
     acc.report(f"random {label}")
-    for mode in SPECS:
+    for mode in modes:
         if mode != "ar":
             assert acc.acc[f"model-{mode}"] > 0, f"the perturbed draft never got a token accepted in {mode}"
     assert acc.acc["model-ar"] == 0 and acc.mean_len("model-ar") == 1.0
@@ -430,7 +431,9 @@ def test_random_pair_greedy_is_exact(random_pair):
 
 
 def test_hf_random_pair_greedy_is_exact(hf_random_pair):
-    check_random_pair_greedy(*hf_random_pair)
+    """The same on the torch reference, fewer prompts and modes (its passes on
+    these tiny models cost tens of times the native ones)."""
+    check_random_pair_greedy(*hf_random_pair, n_prompts=3, modes=("ar", "chain4", "tree16x4x6"))
 
 
 # --- 1c. real Qwen2.5-Coder pair in bf16 (slow) -----------------------------------

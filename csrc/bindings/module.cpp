@@ -26,6 +26,7 @@ void bind_tree(py::module_& m);     // csrc/bindings/tree_bindings.cpp
 void bind_kernels(py::module_& m);  // csrc/bindings/kernel_bindings.cpp
 void bind_grower(py::module_& m);   // csrc/bindings/grow_bindings.cpp
 void bind_model(py::module_& m);    // csrc/bindings/model_bindings.cpp
+void bind_sampler(py::module_& m);  // csrc/bindings/sampler_bindings.cpp
 
 namespace {
 
@@ -272,4 +273,5 @@ Releases the GIL and runs on the native thread pool.)doc");
 
   bind_kernels(m);
   bind_model(m);
+  bind_sampler(m);
 }

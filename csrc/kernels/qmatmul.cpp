@@ -144,9 +144,10 @@ void set_default_isa(Isa isa) {
   chosen_isa().store(static_cast<int>(isa));
 }
 
-void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride,
-                  const uint8_t* w, int type, size_t N, void* y, ElemType y_type,
-                  size_t y_stride, Isa isa) {
+namespace {
+
+// Checks shared by both entry points; returns the dot kernel for (type, isa).
+DotRowsFn checked_dot(int type, size_t K, Isa* isa) {
   if (!has_dot_kernel(type)) {
     throw std::invalid_argument(std::string("no quantised matmul kernel for type ") +
                                 type_name(type));
@@ -156,20 +157,18 @@ void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_s
     throw std::invalid_argument("K = " + std::to_string(K) + " is not a positive multiple of " +
                                 std::to_string(bs) + " (the block size of " + type_name(type) + ")");
   }
-  if (x_stride < K || y_stride < N) throw std::invalid_argument("row stride smaller than the row");
-  if (isa == Isa::kAuto) isa = default_isa();
-  const DotRowsFn dot = dot_rows_kernel(type, isa);
+  if (*isa == Isa::kAuto) *isa = default_isa();
+  const DotRowsFn dot = dot_rows_kernel(type, *isa);
   if (dot == nullptr) {
-    throw std::invalid_argument(std::string("instruction set ") + isa_name(isa) +
+    throw std::invalid_argument(std::string("instruction set ") + isa_name(*isa) +
                                 " is not available on this CPU");
   }
-  if (M == 0 || N == 0) return;
+  return dot;
+}
 
-  // 1. Quantise the activation rows.
-  const size_t n_blocks = K / bs;
-  const size_t w_row_bytes = n_blocks * type_size(type);
-  const size_t a_row_bytes = act_row_bytes(type, K);
-  uint8_t* const xq = act_scratch(M * a_row_bytes);
+// Step 1: quantise M activation rows (fp32 or bf16) into xq (a_row_bytes each).
+void quantize_rows_into(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride,
+                        int type, uint8_t* xq, size_t a_row_bytes) {
   parallel_for(M, 4, [&](size_t begin, size_t end) {
     std::vector<float> row(K);
     for (size_t m = begin; m < end; ++m) {
@@ -184,9 +183,16 @@ void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_s
       quantize_activation_row(src, K, type, xq + m * a_row_bytes);
     }
   });
+}
 
-  // 2. Dot products. Weight rows are taken in groups of about 128 KiB so a
-  // group stays in cache while every activation tile passes over it.
+// Step 2: dot products of M quantised rows against N weight rows. Weight rows
+// are taken in groups of about 128 KiB so a group stays in cache while every
+// activation tile passes over it.
+void dot_quantized_rows(const uint8_t* xq, size_t a_row_bytes, size_t M, size_t K,
+                        const uint8_t* w, int type, size_t N, void* y, ElemType y_type,
+                        size_t y_stride, Isa isa, DotRowsFn dot) {
+  const size_t n_blocks = K / block_size(type);
+  const size_t w_row_bytes = n_blocks * type_size(type);
   const size_t group = std::max<size_t>(1, (128u << 10) / w_row_bytes);
   // Chunks of at least ~32 KiB of weights per activation tile, so that waking
   // the pool pays off.
@@ -230,6 +236,46 @@ void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_s
       }
     }
   });
+}
+
+}  // namespace
+
+QuantizedRows::QuantizedRows(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride,
+                             int type)
+    : M_(M), K_(K), row_bytes_(0), type_(type) {
+  Isa isa = Isa::kAuto;
+  checked_dot(type, K, &isa);
+  if (x_stride < K) throw std::invalid_argument("row stride smaller than the row");
+  row_bytes_ = act_row_bytes(type, K);
+  buf_.resize(M * row_bytes_ + 64);
+  const auto addr = reinterpret_cast<uintptr_t>(buf_.data());
+  data_ = buf_.data() + ((64 - addr % 64) % 64);
+  quantize_rows_into(x, x_type, M, K, x_stride, type, data_, row_bytes_);
+}
+
+void quant_matmul_rows(const QuantizedRows& xq, const uint8_t* w, int type, size_t N, void* y,
+                       ElemType y_type, size_t y_stride, Isa isa) {
+  const DotRowsFn dot = checked_dot(type, xq.cols(), &isa);
+  if (uses_q8k_activations(type) != uses_q8k_activations(xq.type())) {
+    throw std::invalid_argument(std::string("rows quantised for ") + type_name(xq.type()) +
+                                " cannot be multiplied with " + type_name(type));
+  }
+  if (y_stride < N) throw std::invalid_argument("row stride smaller than the row");
+  if (xq.rows() == 0 || N == 0) return;
+  dot_quantized_rows(xq.data(), xq.row_bytes(), xq.rows(), xq.cols(), w, type, N, y, y_type,
+                     y_stride, isa, dot);
+}
+
+void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride,
+                  const uint8_t* w, int type, size_t N, void* y, ElemType y_type,
+                  size_t y_stride, Isa isa) {
+  const DotRowsFn dot = checked_dot(type, K, &isa);
+  if (x_stride < K || y_stride < N) throw std::invalid_argument("row stride smaller than the row");
+  if (M == 0 || N == 0) return;
+  const size_t a_row_bytes = act_row_bytes(type, K);
+  uint8_t* const xq = act_scratch(M * a_row_bytes);        // this thread's reusable buffer
+  quantize_rows_into(x, x_type, M, K, x_stride, type, xq, a_row_bytes);
+  dot_quantized_rows(xq, a_row_bytes, M, K, w, type, N, y, y_type, y_stride, isa, dot);
 }
 
 }  // namespace lever

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/qdot.h"
 
@@ -35,6 +36,32 @@ enum class ElemType : int { kF32 = 0, kBF16 = 1 };
 void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride,
                   const uint8_t* w, int type, size_t N, void* y, ElemType y_type,
                   size_t y_stride, Isa isa = Isa::kAuto);
+
+// Activation rows quantised once for weights of one `type` (ActQ8K or
+// ActQ8_32 blocks, row_bytes bytes per row, 64-byte aligned), so that several
+// matrices of that type (e.g. the parts or chunks of an output head) can be
+// multiplied without quantising the rows again.
+class QuantizedRows {
+ public:
+  QuantizedRows(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride, int type);
+  const uint8_t* data() const { return data_; }
+  size_t rows() const { return M_; }
+  size_t cols() const { return K_; }
+  size_t row_bytes() const { return row_bytes_; }
+  int type() const { return type_; }
+
+ private:
+  size_t M_, K_, row_bytes_;
+  int type_;
+  std::vector<uint8_t> buf_;
+  uint8_t* data_;
+};
+
+// y = x W^T for rows quantised beforehand (xq.type() must be a type whose
+// activation blocks match `type`'s: the same family, Q8K or 32-value blocks).
+// Same results, bit for bit, as quant_matmul on the original rows.
+void quant_matmul_rows(const QuantizedRows& xq, const uint8_t* w, int type, size_t N, void* y,
+                       ElemType y_type, size_t y_stride, Isa isa = Isa::kAuto);
 
 // Quantise one row of K values to activation blocks for weight `type`
 // (ActQ8K or ActQ8_32 per qdot.h); dst holds act_row_bytes(type, K) bytes.

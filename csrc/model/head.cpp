@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/parallel.h"
 #include "kernels/dequant.h"
+#include "kernels/qmatmul.h"
 #include "model/dense_matmul.h"
 
 namespace lever {
@@ -35,7 +37,8 @@ constexpr size_t kVisitGrain = 4;
 // row of h, kArgmaxChunkRows weight rows at a time into one [R, chunk]
 // buffer, and after each chunk calls visit(r, n0, logits, nc) for every row r
 // of h (rows spread over the thread pool; one row's visits run in order):
-// logits[j] is the logit of weight row n0 + j, for j < nc.
+// logits[j] is the logit of weight row n0 + j, for j < nc. The rows of h are
+// quantised once for all chunks (a quantised W), not once per chunk.
 template <typename Visit>
 void for_each_logit_chunk(const char* what, const float* h, size_t R, size_t K, size_t h_stride,
                           const uint8_t* w, size_t w_nbytes, int type, size_t N,
@@ -44,9 +47,15 @@ void for_each_logit_chunk(const char* what, const float* h, size_t R, size_t K, 
   const size_t rb = row_bytes(type, K);
   const size_t chunk = std::min(N, kArgmaxChunkRows);
   std::vector<float> logits(R * chunk);  // [R, chunk]
+  std::optional<QuantizedRows> hq;  // a quantised W: h's rows quantised once
+  if (!is_dense_type(type)) hq.emplace(h, ElemType::kF32, R, K, h_stride, type);
   for (size_t n0 = 0; n0 < N; n0 += chunk) {
     const size_t nc = std::min(chunk, N - n0);
-    weight_matmul(h, R, K, h_stride, w + n0 * rb, type, nc, logits.data(), nc);
+    if (!hq) {
+      weight_matmul(h, R, K, h_stride, w + n0 * rb, type, nc, logits.data(), nc);
+    } else {
+      quant_matmul_rows(*hq, w + n0 * rb, type, nc, logits.data(), ElemType::kF32, nc);
+    }
     parallel_for(R, kVisitGrain, [&](size_t begin, size_t end) {
       for (size_t r = begin; r < end; ++r) visit(r, n0, logits.data() + r * nc, nc);
     });

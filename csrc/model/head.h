@@ -11,8 +11,10 @@
 
 namespace lever {
 
-// Vocabulary rows scored per step by argmax_update and topk_update.
-constexpr size_t kArgmaxChunkRows = 1024;
+// Vocabulary rows scored per step by argmax_update and topk_update: few
+// enough that the [rows, chunk] float32 buffer stays small (1 MiB at 64 rows),
+// enough that the thread pool is woken a few dozen times per head, not hundreds.
+constexpr size_t kArgmaxChunkRows = 4096;
 
 // out[t] = row ids[t] of the [n_rows, hidden] table (ggml `type` bytes) as fp32.
 // Throws std::invalid_argument for a table of the wrong size or an id out of range.

@@ -10,7 +10,6 @@ from typing import Callable
 
 from .autoregressive import GenerationResult, generate_tokens
 from .dtypes import dtype_name
-from .errors import ModelFormatError
 from .model.config import ModelConfig
 from .model.loading import load_model
 from .model.registry import resolve_model
@@ -169,25 +168,11 @@ def make_drafter(name: str, dtype: str = "bfloat16", cache_dir: str | os.PathLik
 
 
 def store_tokenizer(store_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Tokenizer:
-    """The tokenizer recorded in a flash store (its GGUF tokenizer metadata)."""
-    import json
-
+    """The tokenizer recorded in a flash store (its GGUF tokenizer metadata, as JSON).
+    From the tokenizer cache, the metadata file is only hashed, never parsed."""
     from .store.manifest import TOKENIZER
 
-    meta_path = Path(store_dir) / TOKENIZER
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelFormatError(f"{meta_path}: cannot read the store's tokenizer ({e})") from None
-    return Tokenizer.from_gguf(_MetadataOnly(meta, meta_path), cache_dir=cache_root(cache_dir) / "tokenizers")
-
-
-@dataclass
-class _MetadataOnly:
-    """The part of a GGUFFile that the tokenizer builder reads."""
-
-    metadata: dict
-    path: Path
+    return Tokenizer.from_metadata_file(Path(store_dir) / TOKENIZER, cache_dir=cache_root(cache_dir) / "tokenizers")
 
 
 def generate(prompt: str, model: str | LoadedModel = DEFAULT_MODEL, **kwargs) -> Completion:

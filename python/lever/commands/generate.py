@@ -104,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.target_store:
         from ..api import load_store, store_tokenizer
         from ..store.flash_reader import drop_page_cache
+        kv_tokens = _kv_tokens(args)                                       # loads (checks) the manifest
         tokenizer = store_tokenizer(args.target_store, args.cache_dir)     # part of the measured baseline
-        kv_tokens = _kv_tokens(args)
         memory = plan_memory(args, target_store=args.target_store, draft=args.draft, kv_tokens=kv_tokens,
                              tree_rows=_tree_rows(args, mode), sampling=args.temperature > 0)
         if args.drop_caches:

@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
                          "streams on the native decoder")
     if args.target_store:
         from ..api import store_tokenizer
+        from ..store.manifest import StoreManifest
+        StoreManifest.load(args.target_store)                              # a damaged store: its own error first
         tokenizer = store_tokenizer(args.target_store, args.cache_dir)     # part of the measured baseline
         memory = plan_memory(args, target_store=args.target_store, draft=args.draft, kv_tokens=PROFILE_KV_TOKENS,
                              tree_rows=args.max_n, sampling=False)

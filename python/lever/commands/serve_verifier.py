@@ -108,12 +108,14 @@ def load_target(args):
     caches of --max-sessions full sessions are planned for, and a session's
     sampled tree keeps --max-tree-nodes logits rows."""
     from ..api import load, load_store, store_tokenizer
-    from ..store.manifest import MANIFEST
+    from ..store.manifest import MANIFEST, StoreManifest
     path = Path(args.model)
     is_store = path.is_dir() and (path / MANIFEST).is_file()
     if is_store and args.kernels == "torch":
         raise LeverError("--kernels torch runs in-memory models only (the torch reference); a store streams "
                          "on the native decoder")
+    if is_store:
+        StoreManifest.load(path)                                    # a damaged store: its own error first
     tokenizer = store_tokenizer(path, args.cache_dir) if is_store else None     # part of the measured baseline
     # one limit for the process: every session's KV cache is planned; a target-only budget: one session's
     kv_tokens = (args.max_sessions * args.max_session_tokens if args.memory_limit

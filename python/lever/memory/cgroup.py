@@ -51,7 +51,8 @@ class MemoryController:
 @dataclass
 class RunResult:
     """One run of a command. peak_bytes: the cgroup's peak usage (RAM + page
-    cache) when capped, the child's peak RSS otherwise."""
+    cache) when capped, the child's peak RSS otherwise; peak_rss_bytes: the
+    child's own peak RSS (its largest resident set, page cache excluded)."""
 
     cmd: list[str]
     rc: int                       # exit status; -N when killed by signal N
@@ -64,6 +65,7 @@ class RunResult:
     limit_bytes: int | None = None
     cgroup_version: int | None = None
     timed_out: bool = False
+    peak_rss_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -224,7 +226,7 @@ def run_capped(cmd, limit_bytes: int, *, root: str | os.PathLike = CGROUP_ROOT, 
     finally:
         _remove_cgroup(path)
     return RunResult(list(cmd), rc, oom, peak, usage.ru_majflt, wall, out, err,
-                     int(limit_bytes), ctl.version, timed_out)
+                     int(limit_bytes), ctl.version, timed_out, usage.ru_maxrss * 1024)
 
 
 def run_uncapped(cmd, *, drop_caches: bool = False, timeout_s: float | None = None,
@@ -235,4 +237,4 @@ def run_uncapped(cmd, *, drop_caches: bool = False, timeout_s: float | None = No
         drop_page_cache()
     rc, usage, wall, out, err, timed_out = _spawn_and_wait(cmd, None, timeout_s, tail_bytes, env, cwd)
     return RunResult(list(cmd), rc, False, usage.ru_maxrss * 1024, usage.ru_majflt, wall, out, err,
-                     None, None, timed_out)
+                     None, None, timed_out, usage.ru_maxrss * 1024)

@@ -5,7 +5,16 @@ with plain `struct` reads (the 151k-entry token arrays of a Qwen vocabulary
 take well under a second instead of several), checks the file against the
 size its header implies, and reports a damaged file as a `ModelFormatError`
 instead of failing deep inside numpy.  Block sizes of the quantised types come
-from the `gguf` package.  Tensor bytes are served from a read-only memory map.
+are our own table (`GGML_TYPES`, checked against the `gguf` package by the
+tests) so that reading a header imports neither `gguf` nor numpy.  Tensor
+bytes are served from a read-only memory map.
+
+Metadata arrays of more than `LAZY_ARRAY_MIN` items (a vocabulary's tokens,
+token types and merges) are not decoded while the header is parsed: the
+parser walks over them, checking every length against the file, and keeps
+a `LazyArray` that decodes the list on first access.  `metadata_digest`
+hashes the raw bytes of chosen key/values, so a cache keyed by the
+tokenizer metadata never needs the lists.
 
 Format (v2/v3, little endian): magic ``GGUF``, u32 version, u64 tensor count,
 u64 metadata count, metadata pairs, tensor infos, padding to the alignment,
@@ -15,19 +24,21 @@ then the data section.  Shapes are stored innermost-first (ggml order);
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import struct
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import ModelFormatError
 from ..files import open_regular
 from .gguf_checks import check_alignment, check_counts, check_tensor_ranges
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -36,12 +47,25 @@ DEFAULT_ALIGNMENT = 32
 _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f",
                    7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-_NUMPY_TYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4",
-                7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
 _MAX_DIMS = 8
 _MAX_STRING = 1 << 30          # bytes; a longer string means a corrupt header
 _MAX_NESTING = 3               # arrays of arrays: deeper means a corrupt header
 _ARRAY_HEADER = 12             # bytes: u32 element type + u64 count
+LAZY_ARRAY_MIN = 4096          # items: longer arrays of numbers or strings are decoded on first use
+_U64 = struct.Struct("<Q")
+
+# ggml type id -> (name, elements per block, bytes per block); ggml's type_traits
+# (the `gguf` package's GGML_QUANT_SIZES, which tests/test_tokenizer_memory.py compares).
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40), 10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8),
+    28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+}
 
 
 @dataclass(frozen=True)
@@ -63,10 +87,13 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        try:
-            return GGMLQuantizationType(self.qtype).name
-        except ValueError:
-            return f"type{self.qtype}"
+        return ggml_type_name(self.qtype)
+
+
+def ggml_type_name(qtype: int) -> str:
+    """The ggml name of type id `qtype` ("Q4_K"), or "type<id>" for an unknown id."""
+    entry = GGML_TYPES.get(qtype)
+    return entry[0] if entry else f"type{qtype}"
 
 
 def tensor_nbytes(qtype: int, n_elements: int, name: str = "?", path: str | os.PathLike = "",
@@ -74,16 +101,15 @@ def tensor_nbytes(qtype: int, n_elements: int, name: str = "?", path: str | os.P
     """Bytes taken by `n_elements` values of ggml type `qtype` (of tensor `name`
     in file `path`); `row`: the innermost dimension, which must hold whole blocks."""
     where = f"{path}: tensor {name!r}" if path else f"tensor {name!r}"
-    try:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
-    except (ValueError, KeyError):
-        raise ModelFormatError(f"{where} has unknown ggml type id {qtype}") from None
+    if qtype not in GGML_TYPES:
+        raise ModelFormatError(f"{where} has unknown ggml type id {qtype}")
+    type_name, block, size = GGML_TYPES[qtype]
     if row is not None and row % block:
         raise ModelFormatError(f"{where}: rows of {row} elements are not whole "
-                               f"{GGMLQuantizationType(qtype).name} blocks of {block}")
+                               f"{type_name} blocks of {block}")
     if n_elements % block:
         raise ModelFormatError(f"{where}: {n_elements} elements is not a multiple of "
-                               f"the {GGMLQuantizationType(qtype).name} block size {block}")
+                               f"the {type_name} block size {block}")
     return n_elements // block * size
 
 
@@ -123,7 +149,7 @@ class _HeaderReader:
             return self.array(key, depth)
         raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata {key!r} has value type {vtype})")
 
-    def array(self, key: str, depth: int) -> list:
+    def array(self, key: str, depth: int) -> "list | LazyArray":
         etype, count = self.scalar("<I"), self.scalar("<Q")
         if etype not in _SCALAR_FORMATS and etype not in (_STRING, _ARRAY):
             raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata {key!r}: "
@@ -136,11 +162,104 @@ class _HeaderReader:
         if count * min_item > self.file_size - pos:      # before anything is allocated
             raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata {key!r}: array of "
                                    f"{count:,} items at offset {pos:,} does not fit in the file)")
-        if etype in _NUMPY_TYPES:        # numbers: one read, then a list
-            dt = np.dtype(_NUMPY_TYPES[etype])
-            arr = np.frombuffer(self.take(dt.itemsize * count), dtype=dt)
-            return (arr.astype(bool) if etype == 7 else arr).tolist()
+        if count > LAZY_ARRAY_MIN and etype != _ARRAY:
+            self.skip_items(etype, count)
+            return LazyArray(self.path, self.file_size, etype, count, pos, self.f.tell())
+        if etype in _SCALAR_FORMATS:     # numbers: one read, then a list
+            return _unpack_numbers(etype, count, self.take(count * struct.calcsize(_SCALAR_FORMATS[etype])))
         return [self.value(etype, key, depth + 1) for _ in range(count)]
+
+    def skip_items(self, etype: int, count: int) -> None:
+        """Move past `count` items of scalar or string type `etype`, checking each length."""
+        if etype in _SCALAR_FORMATS:
+            size = count * struct.calcsize(_SCALAR_FORMATS[etype])
+            self.need(size)
+            self.f.seek(size, os.SEEK_CUR)
+            return
+        f, pos, end = self.f, self.f.tell(), self.file_size
+        for _ in range(count):
+            head = f.read(8)
+            if len(head) < 8:
+                self.need(8)
+            n = _U64.unpack(head)[0]
+            if n > _MAX_STRING:
+                raise ModelFormatError(f"{self.path}: corrupt GGUF header (string of {n:,} bytes)")
+            pos += 8 + n
+            if pos > end:
+                self.need(n)
+            f.seek(pos)
+
+
+def _unpack_numbers(etype: int, count: int, data: bytes) -> list:
+    """`count` little-endian numbers of scalar type `etype` from `data` (bool for type 7)."""
+    return list(struct.unpack(f"<{count}{_SCALAR_FORMATS[etype][1]}", data))
+
+
+def _decode_strings(count: int, data: bytes) -> list[str]:
+    """`count` GGUF strings (u64 length, UTF-8 bytes) laid end to end in `data`."""
+    out, pos, unpack = [], 0, _U64.unpack_from
+    for _ in range(count):
+        n = unpack(data, pos)[0]
+        out.append(str(data[pos + 8:pos + 8 + n], "utf-8", "replace"))
+        pos += 8 + n
+    return out
+
+
+class LazyArray:
+    """A metadata array left in the file: `count` items of type id `etype` whose
+    bytes span [`start`, `end`) of the file at `path` (after the array header).
+    `load()` reads and decodes them once (the list is then kept)."""
+
+    def __init__(self, path: Path, file_size: int, etype: int, count: int, start: int, end: int):
+        self.path, self.file_size = path, file_size
+        self.etype, self.count, self.start, self.end = etype, count, start, end
+        self._items: list | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._items is not None
+
+    def load(self) -> list:
+        if self._items is None:
+            with open_regular(self.path) as f:
+                if os.fstat(f.fileno()).st_size != self.file_size:
+                    raise ModelFormatError(f"{self.path}: the file changed size since its header was read")
+                f.seek(self.start)
+                data = f.read(self.end - self.start)
+            if self.etype == _STRING:
+                self._items = _decode_strings(self.count, data)
+            else:
+                self._items = _unpack_numbers(self.etype, self.count, data)
+        return self._items
+
+    def __repr__(self) -> str:
+        return f"LazyArray(type {self.etype}, {self.count:,} items, bytes {self.start:,}..{self.end:,})"
+
+
+class Metadata(Mapping):
+    """A GGUF file's metadata: key -> value, in file order; big arrays (`LazyArray`)
+    are decoded when first read through the mapping."""
+
+    def __init__(self):
+        self._values: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._values[key]
+        return value.load() if isinstance(value, LazyArray) else value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def is_loaded(self, key: str) -> bool:
+        """False while `key` is a big array not decoded yet."""
+        value = self._values[key]
+        return not isinstance(value, LazyArray) or value.loaded
 
 
 class GGUFFile:
@@ -171,12 +290,15 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path}: unsupported GGUF version {self.version} (supported: 2, 3)")
         n_tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
         check_counts(self.path, n_tensors, n_kv, self.file_size - r.f.tell())
-        self.metadata: dict[str, Any] = {}
+        self.metadata = Metadata()
+        self._spans: dict[str, tuple[int, int]] = {}      # key -> bytes [start, end) of its type + value
         for _ in range(n_kv):
             key = r.string()
             if key in self.metadata:
                 raise ModelFormatError(f"{self.path}: corrupt GGUF header (metadata key {key!r} appears twice)")
-            self.metadata[key] = r.value(r.scalar("<I"), key)
+            start = r.f.tell()
+            self.metadata._values[key] = r.value(r.scalar("<I"), key)
+            self._spans[key] = (start, r.f.tell())
         infos = [self._tensor_info(r) for _ in range(n_tensors)]
         self.alignment = check_alignment(self.path, self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         pos = r.f.tell()
@@ -230,8 +352,34 @@ class GGUFFile:
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", ""))
 
+    def metadata_digest(self, keys: Iterable[str]) -> str:
+        """SHA-256 (hex) of the raw file bytes of the `keys`' values (type id and
+        encoded value; an absent key hashes as absent), read in 1 MiB pieces:
+        nothing is decoded, so big arrays stay in the file."""
+        h = hashlib.sha256()
+        with open_regular(self.path) as f:
+            if os.fstat(f.fileno()).st_size != self.file_size:
+                raise ModelFormatError(f"{self.path}: the file changed size since its header was read")
+            for key in keys:
+                h.update(key.encode("utf-8") + b"\0")
+                if key not in self._spans:
+                    h.update(b"absent\0")
+                    continue
+                start, end = self._spans[key]
+                h.update(_U64.pack(end - start))
+                f.seek(start)
+                while start < end:
+                    piece = f.read(min(end - start, 1 << 20))
+                    if not piece:
+                        raise ModelFormatError(f"{self.path}: the file changed since its header was read")
+                    h.update(piece)
+                    start += len(piece)
+        return h.hexdigest()
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes (uint8, read-only, zero-copy from the file mapping)."""
+        import numpy as np
+
         try:
             info = self.tensors[name]
         except KeyError:

@@ -3,7 +3,7 @@
 `Tokenizer` wraps a `tokenizers.Tokenizer` (the Rust library behind Hugging
 Face's fast tokenizers) and adds what the engine needs around it: the BOS/EOS
 conventions of the model, its chat template, and a cache.  It is built offline
-from one of two sources:
+from one of three sources:
 
 * a GGUF file (`Tokenizer.from_gguf`): the file stores the vocabulary, the BPE
   merges, the token types and a pre-tokenizer *name* (`tokenizer.ggml.pre`)
@@ -11,8 +11,13 @@ from one of two sources:
   byte-level BPE tokenizer whose normaliser / pre-tokenizer is the one of the
   original Hugging Face `tokenizer.json` the GGUF was converted from.  Only
   byte-level BPE (`tokenizer.ggml.model == "gpt2"`) is supported.  The result
-  is cached as `tokenizer.json` under a key that hashes the tokenizer metadata
-  (`_TokenizerCache`), so the build happens once per distinct tokenizer.
+  is cached (`_TokenizerCache`: vocab.json, merges.txt and a sidecar with the
+  special ids, chat template, pre-tokenizer and added tokens) under a key that
+  hashes the *raw bytes* of the tokenizer metadata (`_source_cache_key`), so
+  the build happens once per distinct tokenizer and a cache hit decodes no
+  vocabulary or merges (GGUFFile leaves those arrays in the file until read).
+* a flash store's tokenizer_metadata.json (`Tokenizer.from_metadata_file`):
+  the same metadata as JSON; the key hashes the file, parsed only on a miss.
 * a Hugging Face checkpoint directory (`Tokenizer.from_pretrained_dir`).
 
 The pre-tokenizers (see `_PRE_TOKENIZERS`) follow the Hugging Face
@@ -51,12 +56,13 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
 from ..errors import LeverError, ModelFormatError, UnsupportedModelError
+from ..files import open_regular
 
 if TYPE_CHECKING:
     from .gguf_file import GGUFFile
@@ -180,20 +186,46 @@ def _assemble(bpe, spec: _PreTokenizerSpec, added: Sequence[tuple[str, bool]]) -
     return tok
 
 
+# Bump when the build changes, so that cached tokenizers are rebuilt.
+_BUILD_VERSION = 2
+# Metadata keys the build depends on (all of them feed the cache key).
+_TOKENIZER_KEYS = (
+    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.add_bos_token", "tokenizer.chat_template",
+)
+
+
+def _cache_key(kind: str, digest: str) -> str:
+    """The cache entry name: 32 hex digits over the build version, the kind of digest and the digest."""
+    return hashlib.sha256(f"lever-tokenizer-v{_BUILD_VERSION}\0{kind}\0{digest}".encode()).hexdigest()[:32]
+
+
+def _metadata_cache_key(md: Mapping[str, Any]) -> str:
+    """Cache key of decoded metadata (a source that cannot hash its raw bytes):
+    every value the build reads, as JSON."""
+    h = hashlib.sha256()
+    for key in _TOKENIZER_KEYS:
+        h.update(key.encode() + b"\0")
+        h.update(json.dumps(md.get(key), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return _cache_key("json", h.hexdigest())
+
+
+def _source_cache_key(source) -> str:
+    """Cache key of a tokenizer source without decoding its big arrays where it can:
+    a GGUFFile hashes the raw bytes of the tokenizer key/values (`metadata_digest`),
+    a metadata file its bytes (`file_digest`); anything else falls back to its decoded metadata."""
+    if hasattr(source, "metadata_digest"):
+        return _cache_key("gguf", source.metadata_digest(_TOKENIZER_KEYS))
+    if hasattr(source, "file_digest"):
+        return _cache_key("file", source.file_digest())
+    return _metadata_cache_key(source.metadata)
 
 
 class _GGUFTokenizerBuilder:
     """Builds a byte-level BPE `tokenizers.Tokenizer` from GGUF tokenizer metadata."""
-
-    # Bump when the build changes, so that cached tokenizers are rebuilt.
-    VERSION = 1
-    # Metadata keys the build depends on (all of them feed the cache key).
-    KEYS = (
-        "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
-        "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id",
-        "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
-        "tokenizer.ggml.add_bos_token", "tokenizer.chat_template",
-    )
 
     def __init__(self, metadata: Mapping[str, Any], source: str = "GGUF file"):
         self.md = metadata
@@ -220,14 +252,8 @@ class _GGUFTokenizerBuilder:
             raise ModelFormatError(f"{source}: {len(self.types)} token types for {len(self.tokens)} tokens")
 
     def cache_key(self) -> str:
-        """Hex digest over the builder version and every metadata value the build reads."""
-        h = hashlib.sha256(f"lever-tokenizer-v{self.VERSION}\0".encode())
-        for key in self.KEYS:
-            value = self.md.get(key)
-            h.update(key.encode() + b"\0")
-            h.update(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
-            h.update(b"\0")
-        return h.hexdigest()[:32]
+        """The cache key of this builder's metadata (see `_metadata_cache_key`)."""
+        return _metadata_cache_key(self.md)
 
     def special_info(self) -> _SpecialInfo:
         def token_id(key: str) -> int | None:
@@ -366,6 +392,44 @@ class _TokenizerCache:
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
+class _MetadataFile:
+    """GGUF tokenizer metadata kept as a JSON object in a file: hashed as bytes
+    (streamed, `file_digest`) and parsed only when `metadata` is first read."""
+
+    MAX_BYTES = 1 << 30
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._metadata: dict | None = None
+
+    def _open(self) -> BinaryIO:
+        return open_regular(self.path)
+
+    def file_digest(self) -> str:
+        """SHA-256 (hex) of the file's bytes, read in pieces."""
+        with self._open() as f:
+            try:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+            except OSError as e:
+                raise ModelFormatError(f"{self.path}: cannot read the tokenizer metadata ({e})") from None
+
+    @property
+    def metadata(self) -> dict:
+        if self._metadata is None:
+            with self._open() as f:
+                try:
+                    size = os.fstat(f.fileno()).st_size
+                    if size > self.MAX_BYTES:
+                        raise ValueError(f"{size:,} bytes is more than {self.MAX_BYTES:,}")
+                    value = json.loads(f.read())
+                except (OSError, ValueError) as e:
+                    raise ModelFormatError(f"{self.path}: cannot read the tokenizer metadata ({e})") from None
+            if not isinstance(value, dict):
+                raise ModelFormatError(f"{self.path}: the tokenizer metadata is not a JSON object")
+            self._metadata = value
+        return self._metadata
+
+
 def default_cache_dir() -> Path:
     """`$LEVER_CACHE_DIR/tokenizers`, else `$XDG_CACHE_HOME/lever/tokenizers`, else ~/.cache/lever/tokenizers."""
     if os.environ.get("LEVER_CACHE_DIR"):
@@ -430,19 +494,33 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, gguf: "GGUFFile", cache_dir: str | os.PathLike | None = None) -> "Tokenizer":
-        """Build from a `GGUFFile`'s metadata; with `cache_dir`, reuse / store the build there."""
-        builder = _GGUFTokenizerBuilder(gguf.metadata, source=str(getattr(gguf, "path", "GGUF file")))
-        info = builder.special_info()
+        """Build from a `GGUFFile`'s metadata; with `cache_dir`, reuse / store the build there.
+
+        A cache hit reads only the cache entry: the key hashes the raw bytes of
+        the tokenizer metadata (`_source_cache_key`), so the vocabulary and
+        merges are never decoded, and the checks of the metadata (which the
+        same bytes passed when the entry was written) are not repeated."""
+        source = str(getattr(gguf, "path", "GGUF file"))
         if cache_dir is None:
-            return cls(builder.build(), info)
+            builder = _GGUFTokenizerBuilder(gguf.metadata, source=source)
+            return cls(builder.build(), builder.special_info())
         cache = _TokenizerCache(cache_dir)
-        key = builder.cache_key()
+        key = _source_cache_key(gguf)
         hit = cache.load(key)
         if hit is not None:
             return cls(*hit)
+        builder = _GGUFTokenizerBuilder(gguf.metadata, source=source)
+        info = builder.special_info()
         tok = builder.build()
         cache.store(key, tok, info, builder.pre_name)
         return cls(tok, info)
+
+    @classmethod
+    def from_metadata_file(cls, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> "Tokenizer":
+        """Build from a JSON file of GGUF tokenizer metadata (a flash store's
+        tokenizer_metadata.json); with `cache_dir`, the cache key hashes the
+        file's bytes, so a hit never parses the JSON."""
+        return cls.from_gguf(_MetadataFile(Path(path)), cache_dir=cache_dir)
 
     @classmethod
     def from_pretrained_dir(cls, path: str | os.PathLike) -> "Tokenizer":
