@@ -295,6 +295,7 @@ class LogitsRecorder:
         return getattr(self.model, name)
 
     def __call__(self, tokens, positions, mask, cache, logits_rows=None, head="logits"):
+        assert head in ("logits", "argmax"), f"the target was asked for head {head!r}"
         out = self.model(tokens, positions, mask, cache, logits_rows=logits_rows, head="logits")
         if logits_rows is None:
             self.passes.append((np.asarray(tokens), np.asarray(positions), np.asarray(mask), out))
