@@ -45,8 +45,8 @@ def lever_cmd(args, prompt_file: Path, cap: int | None, model: str | None = None
     """argv of one Lever run: speculative from the store under `cap`, or plain on an in-memory `model`."""
     cmd = [sys.executable, "-m", "lever.cli", "generate", "--prompt-file", str(prompt_file), "--json",
            "--max-new-tokens", str(args.new_tokens), "--temperature", "0"]
-    if model is not None:
-        return cmd + ["--model", model, "--mode", "ar"]
+    if model is not None:          # plain decoding of the raw prompt, as llama-simple gets it
+        return cmd + ["--model", model, "--mode", "ar", "--no-chat"]
     return cmd + ["--target-store", str(args.target_store), "--draft", args.draft, "--mode", "lever",
                   "--memory-limit", str(cap)]
 
@@ -87,13 +87,29 @@ def line(cap: int | None, prompt_id: str, row: dict) -> str:
             f"majflt {row['major_faults']:7d}  {state}")
 
 
+def side_by_side(label: str, runs: list, cap: int | None, timeout_s: float, extra: dict) -> tuple[list, dict]:
+    """Run [(prompt id, [(engine, argv), ...])] prompt by prompt, the engines in
+    turn (machine noise spreads over all); print each run and the summary."""
+    rows = []
+    for prompt_id, pair in runs:
+        for engine, cmd in pair:
+            row = {"cap_bytes": cap, "prompt_id": prompt_id, **extra, **run_one(engine, cmd, cap, timeout_s)}
+            print(line(cap, prompt_id, row), flush=True)
+            rows.append(row)
+    engines = tuple(engine for engine, _ in runs[0][1])
+    s = summary(label, rows, engines)
+    print_summary(s, engines)
+    return rows, s
+
+
 def median_tps(rows: list[dict]) -> float | None:
     ok = [r["tokens_per_s"] for r in rows if r["ok"]]
     return statistics.median(ok) if ok else None
 
 
-def summary(label: str, rows: list[dict], engines: tuple[str, str]) -> dict:
-    """Per engine: median tokens/s, max peak, total major faults, OOM kills; the ratio of the two."""
+def summary(label: str, rows: list[dict], engines: tuple[str, ...]) -> dict:
+    """Per engine: median tokens/s, max peak, total major faults, OOM kills; the
+    ratio of the first engine (Lever) to the fastest of the others."""
     out = {"label": label}
     for e in engines:
         sel = [r for r in rows if r["engine"] == e]
@@ -101,12 +117,13 @@ def summary(label: str, rows: list[dict], engines: tuple[str, str]) -> dict:
                   "oom_kills": sum(r["oom_killed"] for r in sel), "max_peak_bytes": max(r["peak_bytes"] for r in sel),
                   "max_peak_rss_bytes": max(r["peak_rss_bytes"] for r in sel),
                   "major_faults": sum(r["major_faults"] for r in sel)}
-    a, b = (out[e]["median_tokens_per_s"] for e in engines)
+    a = out[engines[0]]["median_tokens_per_s"]
+    b = max((out[e]["median_tokens_per_s"] or 0 for e in engines[1:]), default=0)
     out["ratio"] = round(a / b, 3) if a and b else None
     return out
 
 
-def print_summary(s: dict, engines: tuple[str, str]) -> None:
+def print_summary(s: dict, engines: tuple[str, ...]) -> None:
     parts = []
     for e in engines:
         x = s[e]
@@ -115,7 +132,8 @@ def print_summary(s: dict, engines: tuple[str, str]) -> None:
                      f"{x['max_peak_bytes'] / 1e6:,.0f} MB, RSS {x['max_peak_rss_bytes'] / 1e6:,.0f} MB, "
                      f"majflt {x['major_faults']})")
     ratio = f"{s['ratio']:.2f}x" if s["ratio"] else "n/a"
-    print(f"# {s['label']}: " + "; ".join(parts) + f"; {engines[0]} / {engines[1]} = {ratio}", flush=True)
+    rest = engines[1] if len(engines) == 2 else f"the fastest of {', '.join(engines[1:])}"
+    print(f"# {s['label']}: " + "; ".join(parts) + f"; {engines[0]} / {rest} = {ratio}", flush=True)
 
 
 def plot(report: dict, path: Path) -> None:
@@ -124,13 +142,18 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     sums = report["summaries"]
     fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.38
+    colors, labelled = {}, set()
     for k, s in enumerate(sums):
         engines = [e for e in s if e not in ("label", "ratio")]
+        width = 0.8 / len(engines)
         for j, e in enumerate(engines):
+            kind = "lever" if e.startswith("lever") else e.replace(" plain", "")
+            color = colors.setdefault(kind, f"C{len(colors)}")
             v = s[e]["median_tokens_per_s"] or 0
-            ax.bar(k + (j - 0.5) * width, v, width, color=("tab:blue", "tab:orange")[j], label=e if k == 0 else None)
-            ax.text(k + (j - 0.5) * width, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+            x = k + (j - (len(engines) - 1) / 2) * width
+            ax.bar(x, v, width, color=color, label=kind if kind not in labelled else None)
+            labelled.add(kind)
+            ax.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(sums)), [s["label"] for s in sums], fontsize=8)
     ax.set_ylabel("decode tokens/s (median over prompts)")
     ax.set_title("Lever vs llama.cpp, same GGUF pair, same memory cap")
@@ -155,8 +178,12 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--llamacpp-dir", type=Path, default=llamacpp.DEFAULT_CACHE)
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--no-repack-too", action="store_true",
+                    help="under each cap also run llama-speculative with --no-repack (weights used in place from "
+                         "the file mapping instead of repacked into anonymous memory); Lever is compared with the "
+                         "faster of the two")
     ap.add_argument("--llama-extra", nargs=argparse.REMAINDER, default=[],
-                    help="further llama-speculative arguments (e.g. --llama-extra --no-repack)")
+                    help="further llama-speculative arguments (e.g. --llama-extra --no-mmap)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--name", default="vs_llamacpp")
     args = ap.parse_args(argv)
@@ -190,38 +217,32 @@ def main(argv=None) -> int:
             chat_files.append(Path(tmp) / f"{stem}.chat.txt")
             chat_files[-1].write_text(text, encoding="utf-8")
         for cap in caps:
-            cap_rows = []
+            runs = []
             for p, raw, chat in zip(prompts, raw_files, chat_files):
-                for engine, cmd in (("lever", lever_cmd(args, raw, cap)),
-                                    ("llama.cpp", llamacpp.commands(bins, target, draft, chat, ll)["speculative"])):
-                    row = {"cap_bytes": cap, "prompt_id": p["id"], **run_one(engine, cmd, cap, args.timeout)}
-                    print(line(cap, p["id"], row), flush=True)
-                    cap_rows.append(row)
-            s = summary(f"cap {cap / 1e6:,.0f} MB", cap_rows, ("lever", "llama.cpp"))
-            print_summary(s, ("lever", "llama.cpp"))
+                spec = llamacpp.commands(bins, target, draft, chat, ll)["speculative"]
+                engines = [("lever", lever_cmd(args, raw, cap)), ("llama.cpp", spec)]
+                if args.no_repack_too:
+                    engines.append(("llama.cpp no-repack", spec + ["--no-repack"]))
+                runs.append((p["id"], engines))
+            cap_rows, s = side_by_side(f"cap {cap / 1e6:,.0f} MB", runs, cap, args.timeout, {})
             rows += cap_rows
             summaries.append(s)
         if args.plain:
             for model in (target, draft):
-                plain_rows = []
-                for p, raw in zip(prompts, raw_files):
-                    simple = [str(bins["llama-simple"]), "-m", str(model), "-n", str(args.new_tokens), "-ngl", "0",
-                              raw.read_text(encoding="utf-8")]
-                    for engine, cmd in (("lever ar", lever_cmd(args, raw, None, model=str(model))),
-                                        ("llama.cpp plain", simple)):
-                        row = {"cap_bytes": None, "model": model.name, "prompt_id": p["id"],
-                               **run_one(engine, cmd, None, args.timeout)}
-                        print(line(None, p["id"], row), flush=True)
-                        plain_rows.append(row)
-                s = summary(f"in memory, {model.name}", plain_rows, ("lever ar", "llama.cpp plain"))
-                print_summary(s, ("lever ar", "llama.cpp plain"))
+                runs = [(p["id"], [("lever ar", lever_cmd(args, raw, None, model=str(model))),
+                                   ("llama.cpp plain", [str(bins["llama-simple"]), "-m", str(model), "-n",
+                                                        str(args.new_tokens), "-ngl", "0",
+                                                        raw.read_text(encoding="utf-8")])])
+                        for p, raw in zip(prompts, raw_files)]
+                plain_rows, s = side_by_side(f"in memory, {model.name}", runs, None, args.timeout,
+                                             {"model": model.name})
                 rows += plain_rows
                 summaries.append(s)
     report = {"benchmark": "lever vs llama.cpp", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "target_store": str(args.target_store), "target_gguf": str(target), "draft_gguf": str(draft),
               "caps_bytes": caps, "prompts": [p["id"] for p in prompts], "new_tokens": args.new_tokens,
               "llamacpp": {"sdist": llamacpp.SDIST_VERSION, "threads": args.threads, "draft_max": args.draft_max,
-                           "extra": args.llama_extra},
+                           "extra": args.llama_extra, "no_repack_too": args.no_repack_too},
               "cgroup_version": ctl.version, "bench_s": round(time.perf_counter() - t0, 1),
               "summaries": summaries, "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in rows]}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -28,19 +28,7 @@
 #error "dequant.cpp assumes a little-endian CPU (GGUF data is little-endian)"
 #endif
 
-// Build with -DLEVER_NO_MULTIVERSION to get one version only, compiled for the
-// -march given (used to test the baseline and AVX2 versions on any x86-64).
-// (target_clones needs ifunc support: glibc Linux, not Android or macOS.)
-#if defined(__x86_64__) && defined(__linux__) && !defined(__ANDROID__) && \
-    (defined(__GNUC__) || defined(__clang__)) && !defined(LEVER_NO_MULTIVERSION)
-#if defined(__clang__) || __GNUC__ >= 12
-#define LEVER_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else  // older GCC: no arch= levels in target_clones
-#define LEVER_KERNEL __attribute__((target_clones("avx2", "default")))
-#endif
-#else
-#define LEVER_KERNEL
-#endif
+#include "common/multiversion.h"  // LEVER_KERNEL: one version per x86-64 level
 
 namespace lever {
 namespace {

@@ -15,16 +15,7 @@
 #include "kernels/dequant.h"
 #include "kernels/qmatmul.h"
 
-#if defined(__x86_64__) && defined(__linux__) && !defined(__ANDROID__) && \
-    (defined(__GNUC__) || defined(__clang__)) && !defined(LEVER_NO_MULTIVERSION)
-#if defined(__clang__) || __GNUC__ >= 12
-#define LEVER_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define LEVER_KERNEL __attribute__((target_clones("avx2", "default")))
-#endif
-#else
-#define LEVER_KERNEL
-#endif
+#include "common/multiversion.h"  // LEVER_KERNEL
 
 namespace lever {
 namespace {
