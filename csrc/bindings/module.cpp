@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bindings/buffers.h"
+#include "common/allocator.h"
 #include "common/parallel.h"
 #include "io/checksum.h"
 #include "io/flash_reader.h"
@@ -242,7 +243,9 @@ See lever.store.flash_reader.FlashReader for the documented wrapper.)doc")
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "Lever's native core (C++): GGUF dequantisation, quantised matmul, a thread pool, the flash reader, token trees.";
+  m.doc() = "Lever's native core (C++): GGUF dequantisation, quantised matmul, a thread pool, the flash reader, token trees, the decoder.";
+  // Large buffers go back to the system when freed, few malloc arenas (see common/allocator.h).
+  m.attr("allocator_bounded") = lever::bound_allocator();
 
   m.def("dequantize", &dequantize, py::arg("raw"), py::arg("qtype"), py::arg("out"),
         R"doc(Dequantise GGUF/ggml tensor data into `out`.

@@ -94,6 +94,9 @@ def add_arguments(p) -> None:
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate exactly --new-tokens tokens per prompt (do not stop at end-of-sequence)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--no-plot", action="store_true",
+                   help="write the JSON only, no PNG (the children of --memory-cap: importing matplotlib "
+                        "would add to the measured process)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,6 +138,6 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
         save_calibration(pol)
     print_checks(b.params, checks)
     result = result_document(args, b, kernels, aggregates, resident_agg, rows, bench_s)
-    write_outputs(result, b.out_dir, args.name, plot)
+    write_outputs(result, b.out_dir, args.name, None if args.no_plot else plot)
     print_memory_line(b.memory, sys.stdout)
     return 0

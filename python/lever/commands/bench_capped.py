@@ -125,7 +125,7 @@ def child_command(args, mode: BenchMode, out_dir: Path) -> list[str]:
         else:
             argv += [flag, str(value)]
     argv += child_limit(args)
-    argv += ["--modes", mode.label, "--out", str(out_dir), "--name", child_stem(mode), "--no-progress"]
+    argv += ["--modes", mode.label, "--out", str(out_dir), "--name", child_stem(mode), "--no-progress", "--no-plot"]
     return argv + ([] if mode.label == "ar" else ["--no-ar-reference"])
 
 

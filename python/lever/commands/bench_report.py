@@ -161,14 +161,16 @@ def result_document(args, b, kernels: dict, aggregates: dict, resident_agg: dict
 
 
 def write_outputs(result: dict, out_dir: Path, name: str, plot) -> None:
-    """NAME.json and (with matplotlib) NAME.png drawn by `plot(result, path)` in out_dir; prints what was written."""
+    """NAME.json and (with matplotlib, unless `plot` is None) NAME.png drawn by
+    `plot(result, path)` in out_dir; prints what was written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out_dir / f"{name}.json", out_dir / f"{name}.png"
     json_path.write_text(json.dumps(result, indent=1))
     wrote = [str(json_path)]
     try:
-        plot(result, png_path)
-        wrote.append(str(png_path))
+        if plot is not None:
+            plot(result, png_path)
+            wrote.append(str(png_path))
     except ImportError:
         print("# PNG skipped: matplotlib is not installed (pip install 'lever[bench]')", flush=True)
     print(f"# wrote {' and '.join(wrote)}", flush=True)
