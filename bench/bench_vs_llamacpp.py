@@ -153,8 +153,9 @@ def plot(report: dict, path: Path) -> None:
             x = k + (j - (len(engines) - 1) / 2) * width
             ax.bar(x, v, width, color=color, label=kind if kind not in labelled else None)
             labelled.add(kind)
-            ax.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(sums)), [s["label"] for s in sums], fontsize=8)
+            note = "OOM" if not v and s[e]["oom_kills"] else f"{v:.1f}"
+            ax.text(x, v, note, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(sums)), [s["label"].replace(", ", "\n").replace(".gguf", "") for s in sums], fontsize=8)
     ax.set_ylabel("decode tokens/s (median over prompts)")
     ax.set_title("Lever vs llama.cpp, same GGUF pair, same memory cap")
     ax.legend()
