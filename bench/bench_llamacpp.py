@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import time
 from pathlib import Path
 
 from lever.bench_prompts import load_prompts
+from lever.commands.bench_report import machine_info
 from lever.errors import LeverError
 from lever.memory import cgroup
 from lever.store.residency import parse_size
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
               "target": str(target), "draft": str(draft), "prompt_set": args.prompt_set,
               "chat_template": not args.raw, "new_tokens": args.new_tokens, "draft_max": args.draft_max,
               "threads": args.threads, "memory_cap_bytes": cap, "greedy": True,
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "runs": runs}
+              "machine": machine_info(), "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.stem}.json"
     path.write_text(json.dumps(report, indent=2))

@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     texts = llamacpp.formatted_prompts(target, prompts, chat=True)
     # llama.cpp's argv builder takes the bench_llamacpp option names
     ll = argparse.Namespace(new_tokens=args.new_tokens, context=args.context, draft_max=args.draft_max,
-                            threads=args.threads, extra=args.llama_extra, plain=False)
+                            threads=args.threads, extra=args.llama_extra, plain=args.plain)
     print(f"# lever vs llama.cpp: target {args.target_store} / {target.name}, draft {draft.name}; "
           f"{len(prompts)} prompts, {args.new_tokens} new tokens, greedy; cgroup v{ctl.version}, page cache "
           f"dropped before every run; llama.cpp {llamacpp.SDIST_VERSION} "
@@ -231,9 +231,7 @@ def main(argv=None) -> int:
         if args.plain:
             for model in (target, draft):
                 runs = [(p["id"], [("lever ar", lever_cmd(args, raw, None, model=str(model))),
-                                   ("llama.cpp plain", [str(bins["llama-simple"]), "-m", str(model), "-n",
-                                                        str(args.new_tokens), "-ngl", "0",
-                                                        raw.read_text(encoding="utf-8")])])
+                                   ("llama.cpp plain", llamacpp.commands(bins, model, draft, raw, ll)["plain"])])
                         for p, raw in zip(prompts, raw_files)]
                 plain_rows, s = side_by_side(f"in memory, {model.name}", runs, None, args.timeout,
                                              {"model": model.name})

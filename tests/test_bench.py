@@ -11,11 +11,11 @@ import pytest
 from lever.bench_prompts import load_prompts, prompt_set, versions
 from lever.cli import main
 from lever.commands.bench import parse_mode, parse_modes
-from lever.errors import CgroupUnavailableError, DramBudgetError, LeverError
-from lever.memory import cgroup
+from lever.errors import DramBudgetError, LeverError
 from lever.store.convert import convert
 from lever.store.manifest import StoreManifest
 from lever.store.residency import parse_size, plan_residency
+from tiny_model import needs_cgroup
 
 pytestmark = pytest.mark.real
 
@@ -229,15 +229,6 @@ def test_refused_before_anything_loads(argv, message, tmp_path, capsys):
 
 # -- --memory-cap ----------------------------------------------------------------
 
-def _cgroup_skip_reason():
-    try:
-        cgroup.find_controller()
-    except CgroupUnavailableError as e:
-        return str(e)
-    return None
-
-
-needs_cgroup = pytest.mark.skipif(_cgroup_skip_reason() is not None, reason=f"{_cgroup_skip_reason()}")
 
 
 def capped(smollm2_path, lever_cache, out, cap):

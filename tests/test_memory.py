@@ -12,6 +12,7 @@ from lever.memory.plan import (MIN_MARGIN_BYTES, MemoryPlan, default_margin, ggu
 from lever.model.config import ModelConfig
 from lever.store.manifest import Extent, StoreManifest, TensorEntry
 from lever.store.residency import plan_residency
+from tiny_model import needs_cgroup
 
 MB = 10**6
 MiB = 1 << 20
@@ -147,15 +148,6 @@ def test_plan_rejects_an_unreadable_size():
 
 # -- cgroup ------------------------------------------------------------------
 
-def _cgroup_skip_reason():
-    try:
-        cgroup.find_controller()
-    except CgroupUnavailableError as e:
-        return str(e)
-    return None
-
-
-needs_cgroup = pytest.mark.skipif(_cgroup_skip_reason() is not None, reason=f"{_cgroup_skip_reason()}")
 HOG = ("import sys; b = bytearray(int(sys.argv[1]) << 20)\n"
        "for i in range(0, len(b), 4096): b[i] = 1\nprint('done')")
 

@@ -236,6 +236,24 @@ def test_a_lossy_link_gives_the_same_output(smol_server, smol_draft, local_refer
     assert metrics.sessions_opened - opened0 == sum(o.remote["sessions"] for o in outs)
 
 
+def in_threads(fn, n: int, timeout_s: float) -> tuple[dict, list]:
+    """fn(0) .. fn(n - 1), each on its own thread at once: ({i: fn(i)}, [exceptions raised])."""
+    got, errors = {}, []
+
+    def worker(i):
+        try:
+            got[i] = fn(i)
+        except Exception as e:  # noqa: BLE001 -- returned to the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout_s)
+    return got, errors
+
+
 @pytest.mark.real
 def test_eight_concurrent_sessions_each_get_their_solo_output(smol_server, smol_target, tmp_path):
     drafts = [load(str(smol_target.path), progress=False) for _ in range(2)]
@@ -249,20 +267,7 @@ def test_eight_concurrent_sessions_each_get_their_solo_output(smol_server, smol_
                                seed=params.seed).token_ids
 
     solo = [run(i) for i in range(8)]
-    got: dict[int, list[int]] = {}
-    errors = []
-
-    def worker(i):
-        try:
-            got[i] = run(i)
-        except Exception as e:  # noqa: BLE001 -- reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    got, errors = in_threads(run, 8, timeout_s=300)
     assert not errors, errors
     assert [got[i] for i in range(8)] == solo
     assert solo[0] == solo[2] and solo[4] != solo[5]          # greedy repeats; seeds differ
@@ -280,19 +285,7 @@ def test_threads_forwarding_one_model_each_get_their_solo_logits(tiny_pair):
         return target(np.array(ids), np.arange(n), np.tri(n, n, dtype=bool), target.new_cache(n))
 
     solo = [logits(ids) for ids in prompts]
-    got, errors = {}, []
-
-    def worker(t):
-        try:
-            got[t] = [logits(prompts[t]) for _ in range(100)]
-        except Exception as e:  # noqa: BLE001 -- reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=60)
+    got, errors = in_threads(lambda t: [logits(prompts[t]) for _ in range(100)], 4, timeout_s=60)
     assert not errors, errors
     assert all(np.array_equal(out, solo[t]) for t in range(4) for out in got[t])
 

@@ -5,10 +5,14 @@ norms, written with the `gguf` package. Builds in well under a second."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gguf
 import numpy as np
-import torch
+import pytest
+
+if TYPE_CHECKING:
+    import torch
 
 D, FF, VOCAB, HEADS, KV_HEADS, LAYERS = 64, 96, 64, 4, 2, 2
 TOKENS = [1, 5, 9, 33, 2]
@@ -85,6 +89,8 @@ def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: in
 
 def gguf_logits(path) -> torch.Tensor:
     """Float32 logits of TOKENS through the in-memory GGUF decoder."""
+    import torch
+
     from lever.model.decoder import causal_mask
     from lever.model.gguf_loader import load_gguf_model
     model, _ = load_gguf_model(path, torch.float32)
@@ -231,3 +237,17 @@ def lever_error_of(fn, seconds: int = 20):
         assert len(str(e).splitlines()) == 1, f"not one line: {e}"
         return e
     return None
+
+
+def _cgroup_skip_reason():
+    from lever.errors import CgroupUnavailableError
+    from lever.memory import cgroup
+    try:
+        cgroup.find_controller()
+    except CgroupUnavailableError as e:
+        return str(e)
+    return None
+
+
+# Tests that run a process under a memory cgroup (root and a memory controller), else skipped with the reason.
+needs_cgroup = pytest.mark.skipif(_cgroup_skip_reason() is not None, reason=f"{_cgroup_skip_reason()}")

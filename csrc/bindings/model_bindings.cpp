@@ -243,6 +243,14 @@ void model_rms_norm(const NativeModel& model, const py::buffer& x, const py::buf
 // ---------------------------------------------------------------------------
 // Head
 
+// Two per-row vectors of a and b entries must both have one entry per row of h.
+void require_per_row(size_t a, size_t b, size_t rows, const char* names) {
+  if (a != rows || b != rows) {
+    throw py::value_error(std::string(names) + " must have one entry per row of h (" +
+                          std::to_string(rows) + ")");
+  }
+}
+
 void linear(const py::buffer& x, const py::buffer& w, int qtype, int64_t n_rows,
             const py::buffer& out) {
   const F32Matrix xm = f32_matrix(x, "x", false);
@@ -261,10 +269,7 @@ void argmax_update(const py::buffer& h, const py::buffer& w, int qtype, int64_t 
   const Bytes wb = uint8_bytes(w, "w");
   const auto bv = vector_of<float>(best_val, "best_val", "f", "float32", true);
   const auto bi = vector_of<int64_t>(best_idx, "best_idx", "lq", "int64", true);
-  if (bv.second != hm.rows || bi.second != hm.rows) {
-    throw py::value_error("best_val and best_idx must have one entry per row of h (" +
-                          std::to_string(hm.rows) + ")");
-  }
+  require_per_row(bv.second, bi.second, hm.rows, "best_val and best_idx");
   const size_t N = non_negative(n_rows, "n_rows");
   py::gil_scoped_release no_gil;
   lever::argmax_update(hm.data, hm.rows, hm.cols, hm.stride, wb.data, wb.n, qtype, N, row_offset,
@@ -291,10 +296,7 @@ void topk_update(const py::buffer& h, const py::buffer& w, int qtype, int64_t n_
   }
   const auto mx = vector_of<float>(run_max, "run_max", "f", "float32", true);
   const auto sm = vector_of<double>(run_sum, "run_sum", "d", "float64", true);
-  if (mx.second != hm.rows || sm.second != hm.rows) {
-    throw py::value_error("run_max and run_sum must have one entry per row of h (" +
-                          std::to_string(hm.rows) + ")");
-  }
+  require_per_row(mx.second, sm.second, hm.rows, "run_max and run_sum");
   const size_t N = non_negative(n_rows, "n_rows");
   py::gil_scoped_release no_gil;
   lever::topk_update(hm.data, hm.rows, hm.cols, hm.stride, wb.data, wb.n, qtype, N, row_offset,

@@ -1,5 +1,5 @@
 // Reading the fields of packed ggml blocks: little-endian loads from any
-// address (blocks are packed without alignment) and exact fp16 -> fp32.
+// address (blocks are packed without alignment) and exact fp16 / bf16 -> fp32.
 // Shared by the dequantisation and dot kernels.
 #pragma once
 
@@ -44,6 +44,9 @@ inline float bits_float(uint32_t u) {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
+
+// bf16 bit pattern -> fp32 (exact: the top 16 bits of the fp32).
+inline float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
 
 // fp16 (1 sign, 5 exponent, 10 mantissa bits) -> fp32, exact for every input
 // (NaN payloads kept). Scalar, with branches: for per-block scales.

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "kernels/block_bytes.h"  // bf16_to_float
 #include "kernels/dequant.h"
 
 namespace lever {
@@ -70,20 +71,18 @@ void quantize_q8_32(const float* x, size_t K, ActQ8_32* out) {
   }
 }
 
-inline float bf16_to_f32(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+// A 64-byte aligned start of at least n bytes in buf (grown when too small).
+uint8_t* aligned_64(std::vector<uint8_t>& buf, size_t n) {
+  if (buf.size() < n + 64) buf.resize(n + 64);
+  const auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - addr % 64) % 64);
 }
 
 // Quantised activation rows: a 64-byte aligned buffer of at least n bytes,
 // reused between calls of one thread.
 uint8_t* act_scratch(size_t n) {
   thread_local std::vector<uint8_t> buf;
-  if (buf.size() < n + 64) buf.resize(n + 64);
-  const auto addr = reinterpret_cast<uintptr_t>(buf.data());
-  return buf.data() + ((64 - addr % 64) % 64);
+  return aligned_64(buf, n);
 }
 
 // -- default Isa ------------------------------------------------------------------
@@ -177,7 +176,7 @@ void quantize_rows_into(const void* x, ElemType x_type, size_t M, size_t K, size
         src = static_cast<const float*>(x) + m * x_stride;
       } else {
         const uint16_t* xb = static_cast<const uint16_t*>(x) + m * x_stride;
-        for (size_t k = 0; k < K; ++k) row[k] = bf16_to_f32(xb[k]);
+        for (size_t k = 0; k < K; ++k) row[k] = block_bytes::bf16_to_float(xb[k]);
         src = row.data();
       }
       quantize_activation_row(src, K, type, xq + m * a_row_bytes);
@@ -247,9 +246,7 @@ QuantizedRows::QuantizedRows(const void* x, ElemType x_type, size_t M, size_t K,
   checked_dot(type, K, &isa);
   if (x_stride < K) throw std::invalid_argument("row stride smaller than the row");
   row_bytes_ = act_row_bytes(type, K);
-  buf_.resize(M * row_bytes_ + 64);
-  const auto addr = reinterpret_cast<uintptr_t>(buf_.data());
-  data_ = buf_.data() + ((64 - addr % 64) % 64);
+  data_ = aligned_64(buf_, M * row_bytes_);
   quantize_rows_into(x, x_type, M, K, x_stride, type, data_, row_bytes_);
 }
 

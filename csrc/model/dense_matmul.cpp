@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "kernels/block_bytes.h"  // load_u16, bf16_to_float
 #include "kernels/dequant.h"
 #include "kernels/qmatmul.h"
 
@@ -28,17 +29,10 @@ void row_to_f32(const uint8_t* src, int type, size_t K, float* dst) {
     std::memcpy(dst, src, K * sizeof(float));
   } else if (type == kTypeBF16) {
     for (size_t k = 0; k < K; ++k) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * k, 2);
-      const uint32_t u = static_cast<uint32_t>(b) << 16;
-      std::memcpy(dst + k, &u, 4);
+      dst[k] = block_bytes::bf16_to_float(block_bytes::load_u16(src + 2 * k));
     }
   } else {  // F16
-    for (size_t k = 0; k < K; ++k) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * k, 2);
-      dst[k] = fp16_to_fp32(h);
-    }
+    for (size_t k = 0; k < K; ++k) dst[k] = fp16_to_fp32(block_bytes::load_u16(src + 2 * k));
   }
 }
 

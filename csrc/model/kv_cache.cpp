@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/block_bytes.h"  // bf16_to_float, load_u16
 #include "kernels/dequant.h"  // fp32_to_bf16
 
 namespace lever {
@@ -14,13 +15,6 @@ namespace {
 
 std::unique_ptr<uint8_t[]> alloc_bytes(size_t n) {
   return std::unique_ptr<uint8_t[]>(new uint8_t[n]);  // not zeroed: rows are written before use
-}
-
-float bf16_to_f32(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
 }
 
 }  // namespace
@@ -144,11 +138,8 @@ void KVCache::read_rows(size_t layer, float* k_out, float* v_out) const {
         std::memcpy(vd, vs, head_dim_ * sizeof(float));
       } else {
         for (size_t c = 0; c < head_dim_; ++c) {
-          uint16_t kb, vb;
-          std::memcpy(&kb, ks + 2 * c, 2);
-          std::memcpy(&vb, vs + 2 * c, 2);
-          kd[c] = bf16_to_f32(kb);
-          vd[c] = bf16_to_f32(vb);
+          kd[c] = block_bytes::bf16_to_float(block_bytes::load_u16(ks + 2 * c));
+          vd[c] = block_bytes::bf16_to_float(block_bytes::load_u16(vs + 2 * c));
         }
       }
     }

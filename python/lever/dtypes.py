@@ -30,3 +30,9 @@ def dtype_name(dtype) -> str:
             if name in ("float32", "bfloat16"):
                 return name
     raise ValueError(f"unsupported compute dtype {dtype!r} (use float32 or bfloat16)")
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per element of a compute dtype (any name `dtype_name` accepts):
+    "float32" -> 4, "bfloat16" -> 2."""
+    return 4 if dtype_name(dtype) == "float32" else 2

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import MemoryLimitError
-from ..store.residency import fixed_costs, parse_size, plan_residency
+from ..store.residency import fixed_costs, kv_bytes, parse_size, plan_residency  # noqa: F401 (kv_bytes: re-exported)
 from . import rss
 
 MIN_MARGIN_BYTES = 32 << 20        # bytes: allocator slack, thread stacks, page tables
@@ -48,15 +48,12 @@ def store_minimum(manifest, dtype_bytes: int = 2, kv_tokens: int = 2048, prefetc
     return parts
 
 
-def kv_bytes(config, tokens: int, dtype_bytes: int = 2) -> int:
-    """Bytes of a KV cache of `tokens` rows for a model of `config` (ModelConfig)."""
-    return tokens * config.n_layers * 2 * config.n_kv_heads * config.head_dim * dtype_bytes
-
-
-def gguf_weight_bytes(path) -> int:
-    """Bytes of every tensor of a GGUF file, as stored (what resident weights occupy)."""
+def gguf_weight_bytes(gguf) -> int:
+    """Bytes of every tensor of a GGUF file (a path or a parsed `GGUFFile`), as
+    stored (what resident weights occupy)."""
     from ..model.gguf_file import GGUFFile
-    return sum(t.nbytes for t in GGUFFile(path).tensors.values())
+    g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
+    return sum(t.nbytes for t in g.tensors.values())
 
 
 def default_margin(limit_bytes: int) -> int:

@@ -18,15 +18,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..dtypes import dtype_bytes
 from .plan import MemoryPlan, gguf_weight_bytes, kv_bytes, store_minimum
 
 FLOAT_BYTES = 4
-
-
-def kv_dtype_bytes(dtype: str) -> int:
-    """Bytes per KV cache element for a dtype name ("float32" -> 4, "bfloat16" -> 2)."""
-    from ..dtypes import dtype_name
-    return 4 if dtype_name(dtype) == "float32" else 2
 
 
 def pass_scratch_bytes(cfg, rows: int, logits_rows: int) -> int:
@@ -39,10 +34,12 @@ def pass_scratch_bytes(cfg, rows: int, logits_rows: int) -> int:
     return rows * per_row * FLOAT_BYTES + 3 * logits_rows * cfg.vocab_size * FLOAT_BYTES
 
 
-def _gguf_config(path):
+def _gguf_sizes(path):
+    """(ModelConfig, weight bytes) of a GGUF file, from one parse of its header."""
     from ..model.gguf_config import config_from_gguf
     from ..model.gguf_file import GGUFFile
-    return config_from_gguf(GGUFFile(path))
+    g = GGUFFile(path)
+    return config_from_gguf(g), gguf_weight_bytes(g)
 
 
 def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_tokens: int,
@@ -59,11 +56,10 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
     on entry, before any header is parsed."""
     from . import rss
     baseline = rss.current_rss() if baseline_bytes is None else int(baseline_bytes)
-    dbytes = kv_dtype_bytes(dtype)
+    dbytes = dtype_bytes(dtype)
     draft_weights = draft_kv = draft_scratch = 0
     if draft_path is not None:
-        dcfg = _gguf_config(draft_path)
-        draft_weights = gguf_weight_bytes(draft_path)
+        dcfg, draft_weights = _gguf_sizes(draft_path)
         draft_kv = kv_bytes(dcfg, kv_tokens, dbytes)
         # greedy drafting ranks rows with the native top-k head; sampling keeps logits rows
         draft_scratch = pass_scratch_bytes(dcfg, tree_rows, tree_rows if sampling else 0)
@@ -73,8 +69,8 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
         cfg = manifest.config
         minimum = store_minimum(manifest, dbytes, kv_tokens, prefetch_depth)
     else:
-        cfg = _gguf_config(target_path)
-        minimum = {"weights": gguf_weight_bytes(target_path), "kv_cache": kv_bytes(cfg, kv_tokens, dbytes)}
+        cfg, weights = _gguf_sizes(target_path)
+        minimum = {"weights": weights, "kv_cache": kv_bytes(cfg, kv_tokens, dbytes)}
     scratch = pass_scratch_bytes(cfg, tree_rows, tree_rows if sampling else 0) + draft_scratch
     plan = MemoryPlan.build(limit, draft_weight_bytes=draft_weights, draft_kv_bytes=draft_kv,
                             target_minimum=minimum, target_scratch_bytes=scratch, baseline_bytes=baseline)

@@ -32,6 +32,7 @@ from gguf.constants import GGMLQuantizationType
 from .. import _native
 from ..errors import ModelFormatError, UnsupportedModelError
 from ..files import open_regular
+from ..store.flash_reader import aligned_empty
 from .config import ModelConfig, layer_shapes
 from .gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
 from .gguf_file import GGUFFile, TensorInfo
@@ -71,9 +72,7 @@ def check_type(where: str, name: str, qtype: int, matrix: bool, hint: str = "") 
 def aligned_buffer(nbytes: int) -> np.ndarray:
     """A writable uint8 array of `nbytes` bytes starting on a TENSOR_ALIGNMENT boundary
     (a view of an allocation TENSOR_ALIGNMENT bytes larger)."""
-    raw = np.empty(nbytes + TENSOR_ALIGNMENT, dtype=np.uint8)
-    skip = -raw.ctypes.data % TENSOR_ALIGNMENT
-    return raw[skip:skip + nbytes]
+    return aligned_empty(nbytes, TENSOR_ALIGNMENT)
 
 
 def held_bytes(buffer: np.ndarray) -> int:

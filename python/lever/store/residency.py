@@ -111,16 +111,20 @@ def _pin_order(m: StoreManifest) -> list[Extent]:
     return list(reversed(m.head_parts)) + list(reversed(m.layers))
 
 
+def kv_bytes(config, tokens: int, dtype_bytes: int = 2) -> int:
+    """Bytes of a KV cache of `tokens` rows for a model of `config` (ModelConfig)."""
+    return tokens * config.n_layers * 2 * config.n_kv_heads * config.head_dim * dtype_bytes
+
+
 def fixed_costs(m: StoreManifest, dtype_bytes: int, kv_tokens: int, embed_cache_rows: int) -> dict[str, int]:
     """Bytes that do not depend on what is pinned: the final norm (globals), the KV
     cache for `kv_tokens` tokens of `dtype_bytes` per element, and a cache of
     `embed_cache_rows` embedding rows in their stored form.  Every matrix is
     used in place from its buffer: no dequantisation workspace."""
-    cfg = m.config
     t = m.embedding_parts[0].tensors[0]
     return {
         "globals": m.globals.length,
-        "kv_cache": kv_tokens * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * dtype_bytes,
+        "kv_cache": kv_bytes(m.config, kv_tokens, dtype_bytes),
         "embedding_rows": embed_cache_rows * (t.nbytes // t.shape[0]),
     }
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import _native
+from ..dtypes import dtype_bytes
 from ..errors import ChecksumError, StoreError
 from ..model.native_decoder import NativeDecoder, PassStats, dtype_name
 from ..model.native_loader import check_token_ids, check_type
@@ -224,8 +225,7 @@ class StreamedDecoder(NativeDecoder):
         self.store_dir = Path(store_dir)
         self.max_read_bytes_per_s = float(max_read_bytes_per_s)
         self.manifest = StoreManifest.load(self.store_dir)
-        dtype_bytes = 4 if dtype == "float32" else 2
-        self.plan: ResidencyPlan = plan_residency(self.manifest, dram_budget, dtype_bytes, kv_tokens,
+        self.plan: ResidencyPlan = plan_residency(self.manifest, dram_budget, dtype_bytes(dtype), kv_tokens,
                                                   prefetch_depth)
         slot_bytes = self.plan.slot_bytes or self.manifest.globals.length
         self.reader = FlashReader(self.store_dir / WEIGHTS, slot_bytes=slot_bytes,
