@@ -9,7 +9,7 @@ the 256-token cap. Variants, medians over `--repeats` trees:
 
   native          begin + every next_expansion / add_children + select, the
                   children fed from precomputed arrays (the C++ decision alone)
-  policy          GainCostPolicy.draft with a table drafter: the grower plus
+  policy          GainCostPolicy.grow with a table drafter: the grower plus
                   calibration lookups and the Python loop, no model forward
 
 Prints microseconds per tree and the share of the predicted iteration time,
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from lever._native import TreeGrower
+from lever.draft.base import Expansion
 from lever.draft.gain_cost import CostCurves, GainCostPolicy
 
 TOPK, MAX_NODES, MAX_DEPTH = 4, 255, 12
@@ -44,19 +45,21 @@ class SyntheticDraft:
         self.probs = np.sort(rng.dirichlet(np.full(TOPK + 1, 1.0), size=4096)[:, :TOPK], axis=1)[:, ::-1].copy()
         self.tokens = np.arange(TOPK, dtype=np.int32) + 100
         self.i = 0
-        self.pending = []
 
     def next(self) -> np.ndarray:
         self.i = (self.i + 1) % len(self.probs)
         return self.probs[self.i]
 
-    # the drafter interface GainCostPolicy uses
-    def start_tree(self):
+    # the drafter interface GainCostPolicy uses (lever.draft.base.Drafter)
+    has_probabilities = True
+    catch_up_tokens = 0
+
+    def begin_tree(self):
         pass
 
-    def expand(self, pool, nodes, topk, params=None, seed=None):
+    def expand(self, pool, nodes, topk, params=None, seed=None, with_probs=False):
         p = np.stack([self.next() for _ in nodes])
-        return np.tile(self.tokens, (len(nodes), 1)), np.log(np.maximum(p, 1e-9)).astype(np.float32)
+        return Expansion(np.tile(self.tokens, (len(nodes), 1)), np.log(np.maximum(p, 1e-9)).astype(np.float32))
 
     def use_tree(self, tree, index):
         pass
@@ -95,8 +98,8 @@ def main() -> None:
     pol = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        grown = policy.draft(draft, root=1)
-        pol.append((time.perf_counter() - t0, len(grown.tree), grown.predicted_s))
+        grown = policy.grow(draft, root=1)
+        pol.append((time.perf_counter() - t0, len(grown.tree), grown.prediction.predicted_s))
     rows = []
     for name, runs in (("native", native), ("policy", pol)):
         sec = np.median([r[0] for r in runs])

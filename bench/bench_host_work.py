@@ -34,6 +34,7 @@ import numpy as np
 
 from lever.draft.base import TreeShape
 from lever.draft.model_drafter import ModelDrafter
+from lever.draft.policies import StaticTreePolicy
 from lever.model.loading import load_model
 from lever.model.registry import resolve_model
 from lever.sampling import SamplingParams, position_noise, processed_logits, sample_at
@@ -103,12 +104,12 @@ def one_setting(target, draft, ctx: int, nodes: int, rule: str, accept: int, ite
     verifier.start(prompt)
     drafter = ModelDrafter(draft)
     drafter.reset(prompt, capacity=ctx + nodes + 64)
-    shape = TreeShape(budget=nodes, topk=4, depth=8)
+    policy = StaticTreePolicy(TreeShape(budget=nodes, topk=4, depth=8))
     base = rng.standard_normal((nodes + 1, vocab)).astype(np.float32)
     rows: dict[str, list] = {k: [] for k in ("accept_ms", "rule_ms", "draft_commit_ms", "total_ms", "mask_ms",
                                               "target_rows", "draft_rows", "accepted", "tree")}
     for _ in range(iterations):
-        tree = drafter.draft_tree(verifier.root, shape)            # greedy drafting: the tree's shape only
+        tree = policy.grow(drafter, verifier.root).tree            # greedy drafting: the tree's shape only
         path = deepest_path(tree, accept)
         target.ids, target.logits = target_outputs(tree, path, vocab, rng, base)
         n = verifier.cache.length
@@ -134,9 +135,7 @@ def one_setting(target, draft, ctx: int, nodes: int, rule: str, accept: int, ite
                            ("tree", len(tree) - 1)):
             rows[key].append(value)
         verifier.cache.truncate(ctx)                               # back to the same context
-        drafter.cache.truncate(ctx)
-        drafter.pending = []
-        drafter.start_tree()
+        drafter.truncate(ctx)
     out = {"context": ctx, "tree_nodes": nodes, "rule": rule, "iterations": iterations}
     for key, values in rows.items():
         out[key] = round(float(np.median(values)), 4)

@@ -7,6 +7,7 @@ import pytest
 
 from lever.draft.base import TreeShape
 from lever.draft.model_drafter import ModelDrafter, top_k_ids
+from lever.draft.policies import ChainPolicy, StaticTreePolicy
 from lever.model.native_loader import load_gguf_native
 from lever.sampling import SamplingParams, log_softmax
 from tiny_model import write_tiny_gguf
@@ -51,11 +52,12 @@ def trees_and_chains(model) -> list:
     drafter.reset(PROMPT)
     out = []
     for root in (PROMPT[-1], 17):
-        tree = drafter.draft_tree(root, TreeShape(budget=12, topk=4, depth=3), SamplingParams())
+        tree = StaticTreePolicy(TreeShape(budget=12, topk=4, depth=3)).grow(drafter, root, SamplingParams()).tree
         out.append([(tree.token(i), tree.parent(i), tree.logprob(i)) for i in range(len(tree))])
         drafter.commit(tree, [1], tree.token(2))
-    chain, probs = drafter.draft_chain(5, 4, SamplingParams(), None)
-    assert probs is None
+    grown = ChainPolicy(4).grow(drafter, 5, SamplingParams(), None)
+    chain = grown.tree
+    assert grown.draft_probs is None
     out.append([(chain.token(i), chain.parent(i), chain.logprob(i)) for i in range(len(chain))])
     return out
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from lever._native import TreeGrower
+from lever.draft.base import Expansion
 from lever.draft.calibration import AcceptanceCalibration
 from lever.draft.gain_cost import CostCurves, GainCostPolicy
 
@@ -285,15 +286,17 @@ def test_calibration_round_trips_and_refuses_malformed_state():
 class TableDrafter:
     """A draft whose top-k children are fixed by a universe (no model)."""
 
+    has_probabilities = True
+    catch_up_tokens = 0
+
     def __init__(self, universe: Universe, q_of):
         self.u, self.q_of = universe, q_of
         self.map = {}
-        self.pending = []
 
-    def start_tree(self):
+    def begin_tree(self):
         self.map = {0: 0}
 
-    def expand(self, pool, nodes, topk, params=None, seed=None):
+    def expand(self, pool, nodes, topk, params=None, seed=None, with_probs=False):
         toks, lps = [], []
         for node in nodes:
             kids = self.u.children[self.map[node]][:topk]
@@ -301,8 +304,7 @@ class TableDrafter:
                 self.map[len(pool) + len([x for x in toks for _ in x]) + r] = k   # provisional
             toks.append([10 + r for r in range(len(kids))])
             lps.append([math.log(self.q_of(k)) for k in kids])
-        self.pending = (list(nodes), toks)
-        return np.array(toks, dtype=np.int32), np.array(lps, dtype=np.float32)
+        return Expansion(np.array(toks, dtype=np.int32), np.array(lps, dtype=np.float32))
 
     def use_tree(self, tree, index):
         self.tree = tree
@@ -320,10 +322,11 @@ def test_policy_grows_larger_trees_when_io_bound():
         costs = CostCurves(tuple(np.maximum(io, compute) + 0.01), tuple(0.01 + 0.0002 * np.arange(1, 257)))
         policy = GainCostPolicy(costs, max_nodes=255, max_depth=8, topk=4, adapt=False)
         drafter = TableDrafter(universe, q_of=lambda k: max(universe.accept[k], 1e-6))
-        grown = policy.draft(drafter, root=3)
+        grown = policy.grow(drafter, root=3)
         sizes[io] = len(grown.tree)
-        assert grown.expected_tokens >= 1.0 and grown.predicted_s > 0
-        policy.observe(grown, [], verify_s=grown.predicted_verify_s, iteration_s=grown.predicted_s)
+        p = grown.prediction
+        assert p.expected_tokens >= 1.0 and p.predicted_s > 0 and grown.draft_probs is None
+        policy.observe(grown, [], verify_s=p.predicted_verify_s, iteration_s=p.predicted_s)
         rep = policy.report()
         assert rep["iterations"] == 1 and rep["tree_size"]["max"] == sizes[io] - 1
     assert sizes[0.0] < sizes[0.5] < sizes[2.0], sizes

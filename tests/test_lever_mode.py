@@ -62,6 +62,8 @@ def test_generate_lever_is_the_default_and_exact(smol_store, smollm2_path, tmp_p
     assert lv["tree_size"]["max"] >= 1 and lv["accepted_length"]["realised_mean"] > 1
     assert lv["iteration_s"]["predicted_mean"] > 0 and lv["iteration_s"]["realised_mean"] > 0
     assert lv["calibration"]["observations"] > 0
+    # a first run's calibration (no file, no shipped table for this pair) is never worse than raw q
+    assert lv["calibration"]["ece_calibrated"] <= lv["calibration"]["ece_draft_prob"]
     profiles = tmp_path / "profiles"
     assert len(list(profiles.glob("calibration-*.json"))) == 1
     assert len([p for p in profiles.glob("*.json") if not p.name.startswith("calibration")]) == 1

@@ -9,7 +9,7 @@ import pytest
 from lever.cli import main
 from lever.cost import measure as measure_mod
 from lever.cost.cost_model import CostModel, interpolate
-from lever.cost.device_profile import DeviceProfile, Stage
+from lever.cost.device_profile import VERSION, DeviceProfile, Stage
 from lever.cost.profile import load_or_measure, measure_profile, profile_key, profile_path
 from lever.errors import ProfileError, ReadLimitError
 from lever.masks import causal_mask
@@ -20,7 +20,7 @@ from test_store import minimum_budget, smol_store  # noqa: F401  (smol_store is 
 
 pytestmark = pytest.mark.real
 
-GRID = dict(n_grid=[1, 4, 16], draft_grid=[1, 4], context_tokens=16, repeats=1)
+GRID = dict(n_grid=[1, 4, 16], draft_grid=[1, 4], context_tokens=16, repeats=3)
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +90,13 @@ def test_resident_profile(smol, smollm2_path):
     assert p.n_grid == [1, 4, 16] and len(p.embed_s) == 3
     assert p.draft_grid == [1, 4] and len(p.draft_s) == 2 and min(p.draft_s) > 0
     assert p.prefetch_depth == 0 and not p.fixed_shapes and p.iteration_overhead_s > 0
+    assert len(p.pass_spread) == 3 and len(p.draft_spread) == 2 and min(p.pass_spread + p.draft_spread) >= 0
+    # every point of grids this small is re-checked at the end
+    assert [(r["curve"], r["n"]) for r in p.validation] == [("target", 1), ("target", 4), ("target", 16),
+                                                              ("draft", 1), ("draft", 4)]
+    assert all(r["checks"] and r["final_s"] > 0 for r in p.validation) and p.rejected_runs >= 0
     assert DeviceProfile.from_json(json.loads(json.dumps(p.to_json()))) == p
-    assert CostModel(p).io_share(1) == 0.0
+    assert CostModel(p).io_share(1) == pytest.approx(0.0, abs=1e-12)     # (summation order)
 
 
 def test_streamed_profile(streamed, smollm2_path):
@@ -178,7 +183,7 @@ def test_damaged_cache_file_is_measured_again(damage, smol, smollm2_path, tmp_pa
         data["key"]["machine"]["cpu"] = "some other CPU"
         path.write_text(json.dumps(data))
     else:
-        data["version"] = 2
+        data["version"] = VERSION + 1
         path.write_text(json.dumps(data))
     capsys.readouterr()
     again = load_or_measure(smol, smol, key, cache_dir=tmp_path, progress=False, **SMALL)
@@ -248,14 +253,17 @@ def test_io_share_and_embedding():
 
 def test_interpolation_and_extrapolation():
     grid = [1, 4, 16]
-    p = synthetic([(0.0, [1.0, 2.0, 5.0])], 1, n_grid=grid)
+    p = synthetic([(0.0, [1.0, 2.0, 6.0])], 1, n_grid=grid)
     v = CostModel(p).verify_s(24)
-    assert v[0] == 1.0 and v[3] == 2.0 and v[15] == 5.0
-    assert v[1] == pytest.approx(1 + 1 / 3) and v[9] == pytest.approx(3.5)
-    assert v[23] == pytest.approx(5.0 + 8 * 3 / 12)                      # slope of the last segment
-    # a dip in the measurements is noise: the curve is made non-decreasing (a running maximum)
-    assert list(interpolate([1, 4, 8], [2.0, 1.0, 3.0], np.array([1.0, 2.5, 4.0, 6.0]))) == [2.0, 2.0, 2.0, 2.5]
-    assert list(interpolate([1, 4], [2.0, 1.0], np.array([8.0]))) == [2.0]   # never extrapolated downwards
+    assert v[0] == pytest.approx(1.0) and v[3] == pytest.approx(2.0) and v[15] == pytest.approx(6.0)
+    assert v[1] == pytest.approx(1 + 1 / 3) and v[9] == pytest.approx(4.0)
+    assert v[23] == pytest.approx(6.0 + 8 * 4 / 12)                      # slope of the last segment
+    # a dip in the measurements is noise: the curve is made non-decreasing (pooled with the point before,
+    # by relative error; the fit itself is tested in test_profile_fit.py)
+    pooled = (2.0 / 2.0**2 + 1.8 / 1.8**2) / (1 / 2.0**2 + 1 / 1.8**2)
+    assert list(interpolate([1, 4, 8], [2.0, 1.8, 3.0], np.array([1.0, 2.5, 4.0, 6.0]))) == \
+        pytest.approx([pooled, pooled, pooled, (pooled + 3.0) / 2])
+    assert list(interpolate([1, 4], [2.0, 1.0], np.array([8.0]))) == [1.5]   # never extrapolated downwards
 
 
 def test_verify_time_is_non_decreasing_when_compute_is():
@@ -340,6 +348,8 @@ def test_cli_profile_writes_the_cache_and_a_plot(smollm2_path, tmp_path, capsys)
     out = capsys.readouterr().out
     files = list((tmp_path / "profiles").glob("*.json"))
     assert len(files) == 1 and f"profile: {files[0]}" in out and "pass (predicted)" in out
+    assert "spread (robust SD / median): pass n=1 " in out
+    assert all(f"validation target n={n}: " in out for n in (1, 2, 3)) and "validation draft f=4: " in out
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     profile = DeviceProfile.from_json(json.loads(files[0].read_text()))
     assert profile.n_grid == [1, 2, 3]

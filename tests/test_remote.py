@@ -479,10 +479,10 @@ def test_a_longer_round_trip_grows_bigger_trees(tiny_pair):
         policy = GainCostPolicy(cost, max_nodes=30, max_depth=6, topk=3, adapt=False)
         drafter = ModelDrafter(draft)
         drafter.reset(SAMPLE_PROMPT)
-        sizes.append(len(policy.draft(drafter, SAMPLE_PROMPT[-1]).tree))
+        sizes.append(len(policy.grow(drafter, SAMPLE_PROMPT[-1]).tree))
         cost.network_s, cost.revision = 1.0, cost.revision + 1   # and the policy follows a change
         drafter.reset(SAMPLE_PROMPT)
-        assert len(policy.draft(drafter, SAMPLE_PROMPT[-1]).tree) >= sizes[-1]
+        assert len(policy.grow(drafter, SAMPLE_PROMPT[-1]).tree) >= sizes[-1]
     assert sizes[1] > sizes[0] and sizes[2] > sizes[0], sizes
     with pytest.raises(ValueError, match="cost of a target call"):
         RemoteCost({"n": [1], "s": [0.01]}, [1], [0.001], network_s=0.0, call_cost_s=-1)

@@ -21,6 +21,7 @@ from lever.autoregressive import generate_tokens
 from lever.draft.base import TreeShape
 from lever.draft.model_drafter import ModelDrafter
 from lever.draft.ngram import NgramDrafter
+from lever.draft.policies import StaticTreePolicy
 from lever.engine import SpecConfig, speculative_generate
 from lever.sampling import SamplingParams, position_noise, processed_logits
 from test_speculative import NATIVE_SIZES, check_greedy, full_logits, lever_spec, native_pair, random_prompts
@@ -161,20 +162,19 @@ def test_a_cache_grown_inside_a_forward_stays_usable(pair):
     prompt = [1, 2, 3, 4]
     drafter.reset(prompt, capacity=4)
     root = prompt[-1]
+    policy = StaticTreePolicy(TreeShape(budget=4, topk=2, depth=2))
     for _ in range(6):
-        tree = drafter.draft_tree(root, TreeShape(budget=4, topk=2, depth=2))
+        tree = policy.grow(drafter, root).tree
         drafter.commit(tree, [1] if len(tree) > 1 else [], 5)      # compaction outside inference mode
         root = 5
     assert drafter.cache.capacity > 4
 
 
 class UncoupledDrafter(ModelDrafter):
-    """Drafts by draft probability alone, ignoring the target's noise."""
+    """Drafts by draft probability alone, ignoring the target's noise: its
+    children are the draft's top tokens (rank 0 its argmax)."""
 
-    def draft_tree(self, root, shape, params=SamplingParams(), seed=None):
-        return super().draft_tree(root, shape)
-
-    def expand(self, tree, nodes, topk, params=SamplingParams(), seed=None):
+    def expand(self, tree, nodes, topk, params=SamplingParams(), seed=None, with_probs=False):
         return super().expand(tree, nodes, topk)
 
 

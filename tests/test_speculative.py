@@ -35,6 +35,7 @@ from lever.draft.base import TreeShape
 from lever.draft.gain_cost import CostCurves, GainCostPolicy
 from lever.draft.model_drafter import ModelDrafter
 from lever.draft.ngram import NgramDrafter
+from lever.draft.policies import ChainPolicy
 from lever.engine import SpecConfig, speculative_generate
 from lever.errors import ContextOverflowError, LeverError
 from lever.autoregressive import generate_tokens
@@ -495,8 +496,7 @@ SAMPLE_PROMPT = [15, 7, 1, 9, 15, 7]
 def _ngram_draft():
     d = NgramDrafter()
     d.reset(SAMPLE_PROMPT)
-    tree, _ = d.draft_chain(SAMPLE_PROMPT[-1], 2, SamplingParams(), None)
-    return tree.tokens()[1:].tolist()
+    return ChainPolicy(2).grow(d, SAMPLE_PROMPT[-1]).tree.tokens()[1:].tolist()
 
 
 def exact_joint(target, prompt, params, n_tokens) -> dict[tuple, float]:
@@ -706,16 +706,22 @@ class CheckingDrafter:
         self.inner.reset(prompt_ids, capacity)
         self.committed = list(prompt_ids)
 
-    def draft_tree(self, root, shape, params=SamplingParams(), seed=None):
-        return self.inner.draft_tree(root, shape, params, seed)
+    @property
+    def has_probabilities(self):
+        return self.inner.has_probabilities
 
-    def draft_chain(self, root, k, params, seed):
-        return self.inner.draft_chain(root, k, params, seed)
+    @property
+    def catch_up_tokens(self):
+        return self.inner.catch_up_tokens
 
-    def __getattr__(self, name):              # start_tree / expand / use_tree of mode lever
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    def begin_tree(self):
+        self.inner.begin_tree()
+
+    def expand(self, tree, nodes, topk, params=SamplingParams(), seed=None, with_probs=False):
+        return self.inner.expand(tree, nodes, topk, params, seed, with_probs)
+
+    def use_tree(self, tree, drafted_index):
+        self.inner.use_tree(tree, drafted_index)
 
     def commit(self, tree, accepted, next_token):
         self.committed += [tree.token(j) for j in accepted] + [next_token]
@@ -724,12 +730,12 @@ class CheckingDrafter:
         assert_cache_equals_fresh(self.target.model, self.target.caches[-1], rows, f"target {label}")
         self.inner.commit(tree, accepted, next_token)
         if isinstance(self.inner, ModelDrafter):
-            # the draft may leave committed tokens pending (fed with its next forward)
-            pending = self.inner.pending
-            cached = rows[:len(rows) - len(pending)]
-            assert cached + pending == rows, f"draft {label}: pending tokens are not the committed tail"
+            # the draft may leave committed tokens to catch up on (fed with its next forward)
+            pending = self.inner.catch_up_tokens
+            cached = rows[:len(rows) - pending]
+            assert self.inner.cache.length == len(cached), f"draft {label}: cached + pending != committed"
             assert_cache_equals_fresh(self.inner.model, self.inner.cache, cached, f"draft {label}")
-            self.max_pending = max(getattr(self, "max_pending", 0), len(pending))
+            self.max_pending = max(getattr(self, "max_pending", 0), pending)
         self.checks += 1
 
 

@@ -33,9 +33,16 @@ std::vector<double> seconds(const py::object& obj, const char* what) {
   return std::vector<double>(arr.data(), arr.data() + arr.shape(0));
 }
 
+// hidden_draft_s: one number of seconds (every n) or a 1-D array per n.
+std::vector<double> hidden_seconds(const py::object& obj) {
+  if (py::isinstance<py::float_>(obj) || py::isinstance<py::int_>(obj)) return {obj.cast<double>()};
+  return seconds(obj, "hidden_draft_s");
+}
+
 TreeGrower make_grower(const py::object& verify_s, const py::object& draft_s, double overhead_s,
-                       int max_nodes, int max_depth) {
-  return TreeGrower(GrowCosts{seconds(verify_s, "verify_s"), seconds(draft_s, "draft_s"), overhead_s},
+                       int max_nodes, int max_depth, const py::object& hidden_draft_s) {
+  return TreeGrower(GrowCosts{seconds(verify_s, "verify_s"), seconds(draft_s, "draft_s"), overhead_s,
+                              hidden_seconds(hidden_draft_s)},
                     max_nodes, max_depth);
 }
 
@@ -66,16 +73,20 @@ py::tuple select_tree(const TreeGrower& g) {
 void bind_grower(py::module_& m) {
   py::class_<TreeGrower>(m, "TreeGrower", R"doc(Gain-cost growth of a draft tree (README, "Design").
 
-TreeGrower(verify_s, draft_s, overhead_s, max_nodes, max_depth): verify_s[n-1]
-is the predicted seconds of a target pass over n tree tokens (root included),
-draft_s[f-1] of a draft forward over f nodes, overhead_s fixed seconds per
-iteration. Maximises expected tokens per second, (1 + sum of calibrated path
-probabilities) / (draft seconds + verify_s(n) + overhead_s). Use:
+TreeGrower(verify_s, draft_s, overhead_s, max_nodes, max_depth, hidden_draft_s=0.0):
+verify_s[n-1] is the predicted seconds of a target pass over n tree tokens (root
+included), draft_s[f-1] of a draft forward over f nodes, overhead_s fixed seconds
+per iteration, hidden_draft_s draft seconds hidden under the target's prefetch
+reads (CostModel.hidden_draft_s; not charged): one number, or an array with
+entry n-1 for a pass over n tokens (the last entry holds past its end).
+Maximises expected tokens per second, (1 + sum of calibrated path
+probabilities) / (max(0, draft seconds - hidden_draft_s(n)) + verify_s(n) +
+overhead_s). Use:
 begin(root, child_accept); loop nodes = next_expansion() until empty, feeding
 each node's draft children with add_children; then select().
 See lever.draft.gain_cost for the Python side.)doc")
       .def(py::init(&make_grower), py::arg("verify_s"), py::arg("draft_s"), py::arg("overhead_s"),
-           py::arg("max_nodes"), py::arg("max_depth"))
+           py::arg("max_nodes"), py::arg("max_depth"), py::arg("hidden_draft_s") = py::float_(0.0))
       .def("begin", &TreeGrower::begin, py::arg("root_token"), py::arg("child_accept"),
            py::arg("root_extra_s") = 0.0,
            "Start a tree at root_token; child_accept[d-1][r] is the expected acceptance of a "
@@ -96,5 +107,13 @@ See lever.draft.gain_cost for the Python side.)doc")
       .def("rank", &TreeGrower::rank, py::arg("node"), "Rank among the node's draft siblings.")
       .def_property_readonly("draft_spent_s", &TreeGrower::draft_spent_s,
                              "Predicted draft seconds charged so far.")
-      .def_property_readonly("expansions", &TreeGrower::expansions);
+      .def_property_readonly("expansions", &TreeGrower::expansions)
+      .def_property_readonly(
+          "hidden_draft_s",
+          [](const TreeGrower& g) {
+            const auto& h = g.costs().hidden_draft_s;
+            return h.size() == 1 ? py::object(py::float_(h[0])) : py::object(py::cast(h));
+          },
+          "Draft seconds not charged (hidden under the target's prefetch reads): one number, or "
+          "one per pass size n (entry n-1).");
 }

@@ -43,6 +43,11 @@ TreeGrower::TreeGrower(GrowCosts costs, int max_nodes, int max_depth)
   if (!(costs_.overhead_s >= 0.0) || !std::isfinite(costs_.overhead_s)) {
     throw std::invalid_argument("TreeGrower: overhead_s must be >= 0");
   }
+  for (double h : costs_.hidden_draft_s) {
+    if (!(h >= 0.0) || !std::isfinite(h)) {
+      throw std::invalid_argument("TreeGrower: hidden_draft_s must be non-negative numbers of seconds");
+    }
+  }
   if (max_nodes < 0 || max_depth < 0) {
     throw std::invalid_argument("TreeGrower: max_nodes and max_depth must be >= 0");
   }
@@ -117,41 +122,47 @@ void TreeGrower::add_children(int node, const int32_t* tokens, const float* logp
   }
 }
 
+double TreeGrower::charged_draft(double spent, int k) const {
+  const auto& hidden = costs_.hidden_draft_s;
+  if (hidden.empty()) return spent;
+  const double h = hidden[std::min(static_cast<size_t>(k), hidden.size() - 1)];
+  // With no credit the sum is used as is (bit for bit the uncredited cost).
+  return h == 0.0 ? spent : std::max(0.0, spent - h);
+}
+
+double TreeGrower::iteration_s(double spent, int k) const {
+  return charged_draft(spent, k) + costs_.overhead_s + costs_.verify_s[static_cast<size_t>(k)];
+}
+
 TreeGrower::Best TreeGrower::best_prefix(const std::vector<double>& probs, double draft_s) const {
-  // The same walk as best_merged with an empty second list.
-  const double fixed = draft_s + costs_.overhead_s;
-  Best best{0, 1.0 / (fixed + costs_.verify_s[0])};
+  // The same walk as best_merged_ratio with an empty second list.
+  Best best{0, 1.0 / iteration_s(draft_s, 0)};
   const int kmax = std::min(static_cast<int>(probs.size()), max_nodes_);
   double gain = 1.0;
   for (int k = 1; k <= kmax; ++k) {
     gain += probs[static_cast<size_t>(k - 1)];
-    const double ratio = gain / (fixed + costs_.verify_s[static_cast<size_t>(k)]);
+    const double ratio = gain / iteration_s(draft_s, k);
     if (ratio > best.ratio) best = {k, ratio};
   }
   return best;
 }
 
-namespace {
-
-// Best G / T over prefixes of the merge of two descending lists.
-double best_merged_ratio(const std::vector<double>& a, const std::vector<double>& b, int kmax,
-                         double fixed, const std::vector<double>& verify_s) {
-  double best = 1.0 / (fixed + verify_s[0]);
+double TreeGrower::best_merged_ratio(const std::vector<double>& a, const std::vector<double>& b,
+                                     double spent) const {
+  double best = 1.0 / iteration_s(spent, 0);
   double gain = 1.0;
   size_t i = 0, j = 0;
-  const int n = std::min<int>(kmax, static_cast<int>(a.size() + b.size()));
+  const int n = std::min<int>(max_nodes_, static_cast<int>(a.size() + b.size()));
   for (int k = 1; k <= n; ++k) {
     if (j >= b.size() || (i < a.size() && a[i] >= b[j])) {
       gain += a[i++];
     } else {
       gain += b[j++];
     }
-    best = std::max(best, gain / (fixed + verify_s[static_cast<size_t>(k)]));
+    best = std::max(best, gain / iteration_s(spent, k));
   }
   return best;
 }
-
-}  // namespace
 
 std::vector<int> TreeGrower::next_expansion() {
   for (size_t i = 0; i < awaiting_.size(); ++i) {
@@ -189,9 +200,8 @@ std::vector<int> TreeGrower::next_expansion() {
       const double p = base * expected_child(depth, static_cast<int>(r));
       if (p > 0.0) insert_desc(predicted, p);
     }
-    const double fixed =
-        draft_spent_ + extra + costs_.draft_s[static_cast<size_t>(f - 1)] + costs_.overhead_s;
-    const double ratio = best_merged_ratio(order_probs_, predicted, max_nodes_, fixed, costs_.verify_s);
+    const double spent = draft_spent_ + extra + costs_.draft_s[static_cast<size_t>(f - 1)];
+    const double ratio = best_merged_ratio(order_probs_, predicted, spent);
     if (ratio > best_ratio * (1.0 + 1e-12)) {
       best_ratio = ratio;
       best_f = f;
@@ -222,7 +232,7 @@ GrownTree TreeGrower::select() const {
     out.pool_index.push_back(node);
     out.expected_tokens += order_probs_[static_cast<size_t>(i)];
   }
-  out.predicted_s = draft_spent_ + costs_.verify_s[static_cast<size_t>(best.k)] + costs_.overhead_s;
+  out.predicted_s = iteration_s(draft_spent_, best.k);
   return out;
 }
 

@@ -1,7 +1,7 @@
 // TreeGrower: gain-cost growth of a draft token tree (README, "Design").
 //
 // One iteration of speculative decoding spends
-//     T(n) = draft seconds spent + verify_s(n) + overhead_s
+//     T(n) = max(0, draft seconds spent - hidden_draft_s(n)) + verify_s(n) + overhead_s
 // on a tree of n tokens (root included) and emits, in expectation,
 //     G = 1 + sum over draft nodes v of P(v accepted)
 // tokens, where P(v accepted) is the product of the calibrated acceptance
@@ -34,6 +34,14 @@
 // draft_s(f), and re-optimises the prefix over pool + predicted children. It
 // expands the f with the best predicted G / T if that beats the current G / T.
 //
+// hidden_draft_s is the drafting a streamed target's prefetch ring hides:
+// while the draft runs, the reader fills the ring's free slots with the next
+// pass's extents, so that pass stalls that much less (lever.cost.cost_model,
+// CostModel.hidden_draft_s). It depends on the pass: a pass over n tokens that
+// waits on flash gains from reads done ahead, a compute-bound one does not; so
+// it is one value per n (entry n-1; the last entry holds for larger n). Empty
+// or 0 (the default) charges every draft second.
+//
 // Units: seconds for costs; probabilities in [0, 1] (values outside are
 // clamped). Errors (bad arguments, a node that was not asked to be expanded)
 // throw std::invalid_argument.
@@ -51,6 +59,7 @@ struct GrowCosts {
   std::vector<double> verify_s;  // [n-1]: one target pass over n tree tokens, n = 1..size()
   std::vector<double> draft_s;   // [f-1]: one draft forward over f nodes, f = 1..size()
   double overhead_s = 0.0;       // fixed host seconds per iteration
+  std::vector<double> hidden_draft_s;  // [n-1]: draft seconds hidden under the reads before a pass of n
 };
 
 // The tree select() chose.
@@ -58,7 +67,7 @@ struct GrownTree {
   TokenTree tree;               // verification tree (root first, parents before children)
   std::vector<int> pool_index;  // pool index of each tree node
   double expected_tokens = 1.0; // G: 1 + sum of the nodes' path probabilities
-  double predicted_s = 0.0;     // T: draft spent + verify_s(n) + overhead_s
+  double predicted_s = 0.0;     // T: charged draft + verify_s(n) + overhead_s
 };
 
 class TreeGrower {
@@ -107,6 +116,13 @@ class TreeGrower {
   // Best prefix of `probs` (descending) given `draft_s` seconds of drafting.
   Best best_prefix(const std::vector<double>& probs, double draft_s) const;
   double expected_child(int depth, int r) const;
+  // Draft seconds charged for `spent` seconds of drafting before a pass over
+  // k + 1 tokens (k draft nodes): max(0, spent - hidden_draft_s(k + 1)).
+  double charged_draft(double spent, int k) const;
+  // T of a tree of k draft nodes after `spent` seconds of drafting.
+  double iteration_s(double spent, int k) const;
+  // Best G / T over prefixes of the merge of two descending lists.
+  double best_merged_ratio(const std::vector<double>& a, const std::vector<double>& b, double spent) const;
 
   GrowCosts costs_;
   int max_nodes_;

@@ -133,7 +133,7 @@ def load(model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
 
 
 def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str = "bfloat16",
-               backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
+               backend: str = "auto", prefetch_depth: int | str = "auto", kv_tokens: int = 2048,
                cache_dir: str | os.PathLike | None = None,
                max_read_bytes_per_s: str | float = 0.0, tokenizer: Tokenizer | None = None) -> LoadedModel:
     """A target streamed from a flash store (`lever convert`) under a DRAM budget
@@ -141,6 +141,8 @@ def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str 
     Quantised matrices are multiplied straight from the read buffers by the
     native kernels.
     max_read_bytes_per_s caps flash reads (bytes/s or '200MB/s'; 0 = unlimited).
+    prefetch_depth: read buffers in the ring, 1..16, or "auto" (at least 2, more
+    where the budget leaves room after pinning).
     tokenizer: the store's tokenizer when already loaded (`store_tokenizer`)."""
     from .store.residency import parse_rate, parse_size
     from .store.streamed import StreamedDecoder

@@ -1,14 +1,23 @@
-"""The speculative decode loop: draft, verify in one target pass, commit.
+"""The speculative decode loop: grow a draft tree, verify it in one target pass, commit.
 
 State between iterations: the target's KV cache holds every committed token
-except the newest one, the *root*.  An iteration drafts a tree under the
-root (mode "tree"), a chain (mode "chain") or nothing (mode "ar"), runs the
-target once over [root + draft nodes] with the tree mask, applies the exact
-acceptance rule, compacts the target cache to root + accepted path, tells the
-drafter, and emits the accepted tokens plus the target's own next token.
-Mode "lever" sizes each tree by the gain-cost policy
-(lever.draft.gain_cost.GainCostPolicy, carried in `SpecConfig.policy`), which
-also learns from every verification.
+except the newest one, the *root*.  An iteration has the tree policy grow a
+tree under the root with the drafter (`policy.grow`, lever.draft.base), runs
+the target once over [root + draft nodes] with the tree mask, applies the
+exact acceptance rule, compacts the target cache to root + accepted path,
+tells the drafter (`commit`) and the policy (`observe`), and emits the
+accepted tokens plus the target's own next token.
+
+The mode names the policy (`SpecConfig.tree_policy`): "ar" no draft, "chain"
+a chain, "tree" a static best-first tree (lever.draft.policies), "lever" the
+gain-cost policy carried in `SpecConfig.policy`
+(lever.draft.gain_cost.GainCostPolicy), which sizes each tree by expected
+tokens per second and learns from every verification.
+
+`SpecConfig.draft_ahead` runs each verification in a worker thread while a
+draft model continues its own path where it leaves the tree
+(lever.draft.ahead); the next tree reuses those draft rows when the target
+accepts that path.
 """
 
 from __future__ import annotations
@@ -16,13 +25,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from .draft.base import Drafter, TreeShape
+from .draft.ahead import MAX_FORWARDS, WIDTH, AheadStats, DraftAhead
+from .draft.base import Drafter, TreePolicy, TreeShape
+from .draft.policies import ChainPolicy, NoDraft, StaticTreePolicy
 from .errors import LeverError
 from .autoregressive import GenerationResult, check_context
 from .sampling import SamplingParams
-from .tree import TokenTree
 from .verify.target_pass import TargetVerifier
 
 MODES = ("ar", "chain", "tree", "lever")
@@ -35,13 +43,17 @@ class SpecConfig:
     tree shape; policy: the GainCostPolicy of mode lever; rule: "exact" (the
     greedy walk, or under sampling the position-keyed draws that reproduce
     plain sampling's text) or "leviathan" (mode chain only: the conventional
-    min(1, p/q) rule, exact in distribution but not draw for draw)."""
+    min(1, p/q) rule, exact in distribution but not draw for draw).
+    draft_ahead: while the target verifies a tree, let a draft model draft
+    ahead along its own path past the tree (lever.draft.ahead; worth it when a
+    pass stalls on flash or on the network; prompt lookup never drafts ahead)."""
 
     mode: str = "tree"
     draft_len: int = 4
     tree: TreeShape = TreeShape()
     policy: object = field(default=None, compare=False)
     rule: str = "exact"
+    draft_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -54,18 +66,27 @@ class SpecConfig:
         if self.mode == "lever" and self.policy is None:
             raise LeverError("mode lever needs a gain-cost policy (a device profile and a draft model)")
 
+    def tree_policy(self, vocab_size: int = 0) -> TreePolicy:
+        """The policy that grows each iteration's tree in this mode. vocab_size: the
+        target's vocabulary (the one-hot q of the Leviathan rule over a chain
+        from a drafter without distributions)."""
+        if self.mode == "lever":
+            return self.policy
+        if self.mode == "chain":
+            return ChainPolicy(self.draft_len, self.rule, vocab_size)
+        if self.mode == "tree":
+            return StaticTreePolicy(self.tree)
+        return NoDraft()
+
     @property
     def max_depth(self) -> int:
-        if self.mode == "lever":
-            return self.policy.max_depth
-        return {"ar": 0, "chain": self.draft_len, "tree": self.tree.depth}[self.mode]
+        """The deepest draft node (tokens past the root)."""
+        return self.tree_policy().max_depth
 
     @property
     def max_tree_nodes(self) -> int:
         """Draft nodes per tree at most."""
-        if self.mode == "lever":
-            return self.policy.max_nodes
-        return {"ar": 0, "chain": self.draft_len, "tree": self.tree.budget}[self.mode]
+        return self.tree_policy().max_nodes
 
 
 @dataclass
@@ -80,13 +101,25 @@ class SpecStats:
     stall_s: float = 0.0                  # part of verify_s spent waiting on flash
     accept_s: float = 0.0                 # acceptance rule + cache compaction
     bytes_read: int = 0
+    draft_io_s: float | None = 0.0        # seconds of drafting during which the flash reader was busy
+                                          # (the next pass's reads hidden under the draft); None: unknown
+    ahead: AheadStats | None = None       # drafting ahead during verification (None: off); draft_s
+                                          # excludes it (it runs beside verify_s)
     tree_sizes: list[int] = field(default_factory=list)
-    policy: dict | None = None            # mode lever: GainCostPolicy.report()
+    policy: dict | None = None            # the tree policy's report() (mode lever: GainCostPolicy's)
 
     @property
     def mean_accepted_length(self) -> float:
         """Tokens emitted per target pass (accepted drafts + the target's own token)."""
         return (self.accepted + self.iterations) / self.iterations if self.iterations else 0.0
+
+    @property
+    def draft_hidden_share(self) -> float | None:
+        """Share of the drafting time during which the flash reader was streaming
+        the next pass (0 when nothing streams; None when the verifier cannot tell)."""
+        if self.draft_io_s is None:
+            return None
+        return round(min(1.0, self.draft_io_s / self.draft_s), 4) if self.draft_s > 0 else 0.0
 
     def to_json(self, new_tokens: int) -> dict:
         return {
@@ -97,9 +130,11 @@ class SpecStats:
             "mean_tree_size": round(sum(self.tree_sizes) / len(self.tree_sizes), 2) if self.tree_sizes else 0,
             "bytes_read": self.bytes_read,
             "bytes_read_per_token": self.bytes_read / new_tokens if new_tokens else None,
+            "draft_hidden_under_io": self.draft_hidden_share,
             "time_split_s": {"draft": round(self.draft_s, 4),
                              "verify_compute": round(self.verify_s - self.stall_s, 4),
                              "io_stall": round(self.stall_s, 4), "accept": round(self.accept_s, 4)},
+            **({"draft_ahead": self.ahead.to_json()} if self.ahead is not None else {}),
             **({"lever": self.policy} if self.policy is not None else {}),
         }
 
@@ -129,35 +164,33 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
     result, stats = GenerationResult(prompt_ids=list(prompt_ids)), SpecStats()
     if max_new_tokens <= 0:
         return result, stats
-    first_record = len(spec.policy.record.tree_sizes) if spec.mode == "lever" else 0
+    policy = spec.tree_policy(verifier.vocab_size)
+    first_record = policy.observed
+    ahead = None
     t_start = time.perf_counter()
     try:
         verifier.start(prompt_ids)
-        seed = verifier.seed            # the drafter draws sampled chains with the target's noise
+        seed = verifier.seed            # the drafter draws sampled drafts with the target's noise
         result.seed = None if params.greedy else seed
         if drafter is not None:
             drafter.reset(prompt_ids, capacity=len(prompt_ids) + max_new_tokens + drafter_rows(spec) + 2)
+        if spec.draft_ahead and drafter is not None and drafter.has_probabilities:
+            ahead = DraftAhead(verifier, drafter, params, seed)
+            stats.ahead = ahead.stats
         result.prefill_s = time.perf_counter() - t_start
         t_decode = time.perf_counter()
         root = prompt_ids[-1]
         while True:
-            t0 = time.perf_counter()
-            draft_probs, grown = None, None
-            if spec.mode == "lever":
-                grown = spec.policy.draft(drafter, root, params, seed)
-                tree = grown.tree
-            elif spec.mode == "tree":
-                tree = drafter.draft_tree(root, spec.tree, params, seed)
-            elif spec.mode == "chain":
-                tree, draft_probs = drafter.draft_chain(root, spec.draft_len, params, seed)
-                if spec.rule != "leviathan" or params.greedy:
-                    draft_probs = None
-                elif draft_probs is None:                        # a deterministic draft: q is one-hot
-                    draft_probs = one_hot_draft_probs(tree, verifier.vocab_size)
+            t0, busy0 = time.perf_counter(), verifier.io_busy_s()
+            reused0 = drafter.reused_ahead if ahead else 0
+            grown = policy.grow(drafter, root, params, seed)
+            tree = grown.tree
+            t1, busy1 = time.perf_counter(), verifier.io_busy_s()
+            if ahead:
+                ahead.grew(drafter.reused_ahead - reused0)
+                verdict = ahead.verify(grown)
             else:
-                tree = TokenTree(root)
-            t1 = time.perf_counter()
-            verdict = verifier.verify(tree, draft_probs)
+                verdict = verifier.verify(tree, grown.draft_probs)
             accepted, next_token = verdict.accepted, verdict.next_token
             t3 = time.perf_counter()
             if drafter is not None:
@@ -168,12 +201,15 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
             stats.accepted += len(accepted)
             stats.tree_sizes.append(len(tree) - 1)
             stats.draft_s += (t1 - t0) + (t4 - t3)
+            if busy0 is None or stats.draft_io_s is None:
+                stats.draft_io_s = None
+            else:
+                stats.draft_io_s += busy1 - busy0
             stats.verify_s += verdict.verify_s
             stats.stall_s += verdict.stall_s
             stats.bytes_read += verdict.bytes_read
             stats.accept_s += verdict.accept_s
-            if grown is not None:
-                spec.policy.observe(grown, accepted, verify_s=verdict.verify_s, iteration_s=t4 - t0)
+            policy.observe(grown, accepted, verify_s=verdict.verify_s, iteration_s=t4 - t0)
             if any(result.emit(tok, max_new_tokens, stop_ids, on_token)
                    for tok in [tree.token(j) for j in accepted] + [next_token]):
                 break
@@ -183,20 +219,17 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
         e.partial_result = result
         raise
     finally:
-        if spec.mode == "lever":
-            stats.policy = spec.policy.report(since=first_record)
+        if ahead:
+            ahead.close()
+        stats.policy = policy.report(since=first_record)
     return result, stats
 
 
 def drafter_rows(spec: SpecConfig) -> int:
     """Draft KV rows one iteration may add on top of the committed tokens: the
     nodes the drafter forwards (the root and at most max_tree_nodes others;
-    mode lever expands only nodes among the first max_nodes of its pool)."""
-    return spec.max_tree_nodes + 1
+    mode lever expands only nodes among the first max_nodes of its pool),
+    and with draft ahead the rows drafted ahead (kept into the next tree too)."""
+    ahead = 2 * (WIDTH + MAX_FORWARDS) if spec.draft_ahead else 0
+    return spec.max_tree_nodes + 1 + ahead
 
-
-def one_hot_draft_probs(tree: TokenTree, vocab_size: int) -> np.ndarray:
-    """q of a chain drafted deterministically: one-hot on each drafted token (float32 [k, vocab])."""
-    probs = np.zeros((len(tree) - 1, vocab_size), dtype=np.float32)
-    probs[np.arange(len(tree) - 1), tree.tokens()[1:].astype(np.int64)] = 1.0
-    return probs

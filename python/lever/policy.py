@@ -11,46 +11,72 @@ The calibration file is keyed by what acceptance depends on: the two models,
 the dtype and kernels (the logits' rounding) and the sampling settings
 (greedy and sampled acceptance differ); the machine and the DRAM budget play
 no part, so one calibration serves every profile of the pair.
+
+A user without a calibration file starts from the table shipped for the
+pair in lever/data/calibration/ (learnt offline by bench/build_calibration.py
+from prompts disjoint from the benchmark set), found by the SHA-256 of the
+two GGUFs and the sampling setting, its counts capped to SHIPPED_MAX_TRIALS
+per cell so that the user's own trials refine it; without one, from the raw
+draft probability (lever.draft.calibration).  What the run learns is saved to
+the user's file, never to the shipped table.  A corrupt or stale file (user
+or shipped) is never used: a warning, and the next start in that order.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
+from .cost import ring_depth
 from .cost.cost_model import CostModel
 from .cost.identity import model_identity
 from .cost.profile import load_or_measure, profile_key
 from .draft.calibration import AcceptanceCalibration
 from .draft.gain_cost import GainCostPolicy
+from .draft.model_drafter import ModelDrafter
 from .errors import LeverError
 from .sampling import SamplingParams
+from .store.streamed import StreamedDecoder
 
 DEFAULT_MAX_NODES, DEFAULT_MAX_DEPTH, DEFAULT_TOPK = 255, 12, 4
+SHIPPED_FORMAT = "lever-calibration-table/1"
+SHIPPED_MAX_TRIALS = 200.0     # a shipped table weighs at most this many trials per cell (and q bin)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader: str = "auto",
                  read_limit_bytes_per_s: float = 0.0, dtype="bfloat16",
                  params: SamplingParams = SamplingParams(), cache_dir=None, max_nodes: int = DEFAULT_MAX_NODES,
                  max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK, force_profile: bool = False,
-                 progress: bool = True) -> GainCostPolicy:
+                 tune_ring: bool = False, progress: bool = True) -> GainCostPolicy:
     """The gain-cost policy for `target` (a model of the numpy protocol, see
     lever.model.loading, or a StreamedDecoder, loaded from `target_id`) drafted
-    by `drafter` (a ModelDrafter)."""
-    draft_path = getattr(drafter, "path", None)
-    if draft_path is None or not hasattr(drafter, "expand"):
+    by `drafter` (a ModelDrafter).  tune_ring: a streamed target's read ring
+    depth is chosen from the profile (lever.cost.ring_depth; `--prefetch-depth
+    auto`), which may re-plan the target's pinned extents under the same budget."""
+    draft_path = drafter.path if isinstance(drafter, ModelDrafter) else None
+    if draft_path is None:
         raise LeverError("mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
                          "draft probabilities to calibrate")
-    key = profile_key(target, drafter.model, target_id=target_id, draft_id=draft_path, kernels=kernels,
-                      reader_backend=reader, read_limit_bytes_per_s=read_limit_bytes_per_s,
-                      dtype=dtype)
-    profile = load_or_measure(target, drafter.model, key, cache_dir=cache_dir, force=force_profile,
+    def key_of(model):
+        return profile_key(model, drafter.model, target_id=target_id, draft_id=draft_path, kernels=kernels,
+                           reader_backend=reader, read_limit_bytes_per_s=read_limit_bytes_per_s, dtype=dtype)
+
+    profile = load_or_measure(target, drafter.model, key_of(target), cache_dir=cache_dir, force=force_profile,
                               progress=progress)
+    if tune_ring and isinstance(target, StreamedDecoder) and target.plan.streamed:
+        profile = ring_depth.tune_ring(target, profile, key_of, cache_dir, _printer(progress))
     path = calibration_path(target_id, draft_path, kernels, dtype, params, cache_dir)
-    policy = GainCostPolicy(CostModel(profile), load_calibration(path), max_nodes=max_nodes,
+
+    def start():          # no file of the user's yet: the shipped table of the pair, if any
+        return shipped_calibration(model_sha256(draft_path, cache_dir), model_sha256(target_id, cache_dir), params)
+
+    policy = GainCostPolicy(CostModel(profile), load_calibration(path, start), max_nodes=max_nodes,
                             max_depth=max_depth, topk=topk)
     policy.calibration_path = path
     return policy
@@ -61,24 +87,113 @@ def calibration_path(target_id, draft_id, kernels: str, dtype, params: SamplingP
     """The calibration file of a model pair (target_id: a store directory or a
     model file; model_identity tells them apart) and sampling setting."""
     from .api import cache_root
-    key = {"target": model_identity(target_id), "draft": model_identity(draft_id), "kernels": kernels, "dtype": str(dtype),
-           "sampling": "greedy" if params.greedy else
-           {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}}
+    key = {"target": model_identity(target_id), "draft": model_identity(draft_id), "kernels": kernels,
+           "dtype": str(dtype), "sampling": sampling_key(params)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root(cache_dir) / "profiles" / f"calibration-{digest}.json"
 
 
-def load_calibration(path: Path) -> AcceptanceCalibration:
-    """The persisted calibration, or the prior if there is none; a corrupt file
-    is reported on stderr and replaced by the prior (it is rewritten after the run)."""
-    if not path.is_file():
-        return AcceptanceCalibration()
-    try:
-        return AcceptanceCalibration.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"lever: warning: ignoring the calibration {path} ({e}); starting from the prior",
-              file=sys.stderr, flush=True)
-        return AcceptanceCalibration()
+def sampling_key(params: SamplingParams):
+    """What acceptance depends on in the sampling settings: "greedy", or the
+    temperature, top_p and top_k (the seed plays no part)."""
+    if params.greedy:
+        return "greedy"
+    return {"temperature": float(params.temperature), "top_p": float(params.top_p), "top_k": int(params.top_k)}
+
+
+def load_calibration(path: Path, start=None) -> AcceptanceCalibration:
+    """The persisted calibration; if there is none (or it is corrupt or of
+    another layout: reported on stderr, then rewritten after the run), what
+    `start()` returns (lever_policy: the shipped table), else a cold start."""
+    cal = None
+    if path.is_file():
+        try:
+            cal = AcceptanceCalibration.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            _warn(f"ignoring the calibration {path} ({e}); starting afresh")
+    if cal is None and start is not None:
+        cal = start()
+    return cal or AcceptanceCalibration()
+
+
+def shipped_table_name(draft: str, target: str, sampling: str) -> str:
+    """File name of a shipped table: `<draft>__<target>__<sampling>.json`
+    (registry names; sampling "greedy" or e.g. "t0.7")."""
+    return f"{Path(draft).stem if Path(draft).suffix == '.gguf' else draft}__" \
+           f"{Path(target).stem if Path(target).suffix == '.gguf' else target}__{sampling}.json"
+
+
+def shipped_tables_dir():
+    """The shipped tables (a Traversable inside the installed package)."""
+    return importlib.resources.files("lever").joinpath("data", "calibration")
+
+
+def shipped_calibration(draft_sha256: str | None, target_sha256: str | None, params: SamplingParams,
+                        tables_dir=None) -> AcceptanceCalibration | None:
+    """The shipped calibration of a model pair (the GGUFs' SHA-256) and sampling
+    setting, as a start for a user (`as_prior(SHIPPED_MAX_TRIALS)`), or None.
+    A table that cannot be read or is of another layout is skipped with a warning."""
+    if not draft_sha256 or not target_sha256:
+        return None
+    tables_dir = shipped_tables_dir() if tables_dir is None else tables_dir
+    if not tables_dir.is_dir():
+        return None
+    want = {"format": SHIPPED_FORMAT, "draft_sha256": draft_sha256, "target_sha256": target_sha256,
+            "sampling": sampling_key(params)}
+    for entry in sorted(tables_dir.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".json"):
+            continue
+        try:
+            data = json.loads(entry.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or any(data.get(k) != v for k, v in want.items()):
+                continue
+            return AcceptanceCalibration.from_json(data["calibration"]).as_prior(SHIPPED_MAX_TRIALS)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            _warn(f"ignoring the shipped calibration {entry.name} ({e})")
+    return None
+
+
+def model_sha256(model_path, cache_dir=None) -> str | None:
+    """SHA-256 of the GGUF a model is (a file) or was converted from (a flash
+    store whose manifest's `source` records it: its `sha256`, else the source
+    GGUF if it is still there).  A file the size of a registered model is
+    matched by the registry's verification record (else hashed once); any
+    other model has no shipped table: None."""
+    from .api import cache_root
+    from .model.assemble import is_verified
+    from .model.registry import KNOWN_MODELS, models_dir
+    from .store.manifest import MANIFEST, StoreManifest
+
+    p = Path(model_path)
+    if p.is_dir() and (p / MANIFEST).is_file():
+        try:
+            source = StoreManifest.load(p).source
+        except (OSError, ValueError, LeverError):
+            return None
+        sha = str(source.get("sha256", "")).lower()
+        if _SHA256.fullmatch(sha):
+            return sha
+        src = source.get("path")
+        return model_sha256(src, cache_dir) if isinstance(src, str) and Path(src).is_file() else None
+    if not p.is_file():
+        return None
+    size = p.stat().st_size
+    entries = [e for e in KNOWN_MODELS.values() if e.size == size]
+    if not entries:
+        return None
+    dest = models_dir(cache_root(cache_dir))
+    for e in entries:
+        if is_verified(e, p, dest):
+            return e.sha256
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _warn(message: str) -> None:
+    print(f"lever: warning: {message}", file=sys.stderr, flush=True)
 
 
 def save_calibration(policy: GainCostPolicy) -> Path | None:
@@ -91,3 +206,10 @@ def save_calibration(policy: GainCostPolicy) -> Path | None:
     tmp.write_text(json.dumps(policy.calibration.to_json()))
     os.replace(tmp, path)
     return path
+
+
+def _printer(progress: bool):
+    def say(line: str) -> None:
+        if progress:
+            print(line, file=sys.stderr, flush=True)
+    return say

@@ -166,3 +166,13 @@ def file_stem(text: str) -> str:
     if not text or text in (".", "..") or "/" in text or "\0" in text or os.sep in text:
         raise argparse.ArgumentTypeError(f"expected a file name without '/', got {_short(text)}")
     return text
+
+
+def prefetch_depth(text: str) -> int | str:
+    """'auto' or an integer 1..MAX_PREFETCH_DEPTH: read buffers in the flash reader's ring."""
+    from ..errors import LeverError
+    from ..store.residency import parse_prefetch_depth
+    try:
+        return parse_prefetch_depth(_number_text(text))
+    except LeverError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

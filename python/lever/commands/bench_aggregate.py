@@ -39,6 +39,7 @@ def aggregate(label: str, runs: list, divergences: list[dict] | None, is_ar: boo
                          "verify_compute": round(sum(s.verify_s - s.stall_s for s in stats), 4),
                          "io_stall": round(sum(s.stall_s for s in stats), 4),
                          "accept": round(sum(s.accept_s for s in stats), 4)},
+        "draft_hidden_under_io": _hidden_share(stats),
         "per_category": {c: totals([x for x in runs if x[0]["category"] == c])
                          for c in dict.fromkeys(x[0]["category"] for x in runs)},
     }
@@ -50,6 +51,15 @@ def aggregate(label: str, runs: list, divergences: list[dict] | None, is_ar: boo
         out["mismatches"] = len(divergences)
         out["mismatches_near_tie"] = sum(1 for d in divergences if d.get("near_tie"))
     return out
+
+
+def _hidden_share(stats: list) -> float | None:
+    """Share of the drafting seconds during which the flash reader streamed the
+    next pass (None when a verifier could not tell)."""
+    if any(s.draft_io_s is None for s in stats):
+        return None
+    draft = sum(s.draft_s for s in stats)
+    return round(min(1.0, sum(s.draft_io_s for s in stats) / draft), 4) if draft > 0 else 0.0
 
 
 def summarize(b, runs: list, raw: dict[str, list], checks: dict[str, list[dict]], memory: dict[str, dict],

@@ -1,4 +1,5 @@
-"""`lever bench` mode specs: 'ar', 'chain:K', 'tree:N[:TOPK:DEPTH]', 'lever[:N]'.
+"""`lever bench` mode specs: 'ar', 'chain:K', 'tree:N[:TOPK:DEPTH]', 'lever[:N]', each
+drafting one optionally with '+ahead' (draft ahead while the target verifies).
 
 A BenchMode is a label and the engine configuration it runs; `parse_modes`
 reads --modes (ar is the reference and is added unless asked not to).
@@ -13,7 +14,8 @@ from .limits import MAX_DRAFT_LEN, MAX_TREE_DEPTH, MAX_TREE_NODES, MAX_TREE_TOPK
 
 TREE_TOPK, TREE_DEPTH = 4, 8
 RESIDENT = "resident"
-MODE_HELP = "ar | chain:K | tree:N[:TOPK:DEPTH] | lever[:N]"
+MODE_HELP = "ar | chain:K | tree:N[:TOPK:DEPTH] | lever[:N], drafting ones with an optional +ahead"
+AHEAD = "+ahead"
 LEVER = "lever"
 
 
@@ -24,6 +26,7 @@ class BenchMode:
     label: str
     spec: object                     # lever.engine.SpecConfig (mode lever: set once the policy is built)
     lever_nodes: int = 0             # mode lever: draft nodes per tree at most
+    draft_ahead: bool = False        # the draft extends the tree being verified (SpecConfig.draft_ahead)
 
     @property
     def max_draft(self) -> int:
@@ -37,6 +40,21 @@ class BenchMode:
 
 
 def parse_mode(text: str) -> BenchMode:
+    """A mode spec (`parse_base_mode`), with '+ahead' after a drafting one: the
+    same mode drafting ahead while the target verifies."""
+    from dataclasses import replace
+
+    base = text.strip().lower()
+    if not base.endswith(AHEAD):
+        return parse_base_mode(base)
+    m = parse_base_mode(base[:-len(AHEAD)])
+    if not m.uses_draft:
+        raise LeverError(f"bad mode spec {text!r}: {AHEAD} needs a drafting mode (chain, tree or lever)")
+    spec = replace(m.spec, draft_ahead=True) if m.spec is not None else None
+    return BenchMode(m.label + AHEAD, spec, m.lever_nodes, draft_ahead=True)
+
+
+def parse_base_mode(text: str) -> BenchMode:
     """'ar', 'chain:K', 'tree:N' (node budget N, topk 4, depth 8), 'tree:N:TOPK:DEPTH',
     or 'lever' / 'lever:N' (the gain-cost policy, at most N draft nodes, default 255);
     each number within the limits of lever.commands.limits."""
@@ -100,6 +118,6 @@ def parse_modes(texts: list[str], add_ar: bool = True) -> tuple[list[BenchMode],
 def spec_json(m: BenchMode) -> dict:
     """The JSON `spec` object of a mode: its engine mode, chain length or tree shape."""
     s = m.spec
-    return {"mode": s.mode, "draft_len": s.draft_len if s.mode == "chain" else None,
+    return {"mode": s.mode, "draft_ahead": s.draft_ahead, "draft_len": s.draft_len if s.mode == "chain" else None,
             "tree": ({"budget": s.tree.budget, "topk": s.tree.topk, "depth": s.tree.depth}
                      if s.mode == "tree" else None)}

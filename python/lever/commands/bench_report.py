@@ -72,7 +72,7 @@ def _fmt_mismatch(a: dict) -> str:
 
 def print_table(aggregates: dict, resident: dict | None, streamed: bool) -> None:
     head = (f"{'mode':<14}{'tok/s':>9}{'vs ar':>8}{'acc.len':>9}{'tree':>7}{'MB/tok':>9}{'I/O tok/s':>10}"
-            f"{'draft s':>9}{'verify s':>10}{'stall s':>9}{'accept s':>10}  mismatches")
+            f"{'draft s':>9}{'hidden':>7}{'verify s':>10}{'stall s':>9}{'accept s':>10}  mismatches")
     print(head)
     print("-" * len(head))
     lines = list(aggregates.values())
@@ -85,8 +85,10 @@ def print_table(aggregates: dict, resident: dict | None, streamed: bool) -> None
         bound = a.get("io_bound_tokens_per_s")
         io = f"{bound:10.1f}" if flash and bound else f"{'-':>10}"
         ratio = f"{a['ratio_vs_ar']:7.2f}x" if a["ratio_vs_ar"] is not None else f"{'-':>8}"
+        share = a.get("draft_hidden_under_io")
+        hidden = f"{100 * share:6.0f}%" if flash and share is not None and ts["draft"] > 0 else f"{'-':>7}"
         print(f"{a['mode']:<14}{a['tokens_per_s']:9.2f}{ratio}{a['mean_accepted_length']:9.2f}"
-              f"{a['mean_tree_size']:7.1f}{mb}{io}{ts['draft']:9.2f}{ts['verify_compute']:10.2f}{ts['io_stall']:9.2f}"
+              f"{a['mean_tree_size']:7.1f}{mb}{io}{ts['draft']:9.2f}{hidden}{ts['verify_compute']:10.2f}{ts['io_stall']:9.2f}"
               f"{ts['accept']:10.2f}  {_fmt_mismatch(a)}")
     if resident is not None and resident.get("same_as_ar"):
         print(f"{RESIDENT:<14}= ar (the --target model is memory-resident)")
@@ -108,7 +110,9 @@ def print_lever(aggregates: dict) -> None:
               f"policy {lv['grow_us_mean']:.0f} us/iteration; calibration ECE {cal['ece_calibrated'] or 0:.3f} "
               f"(draft prob {cal['ece_draft_prob'] or 0:.3f}, {cal['observations']} observations, "
               f"{lv['calibration_observations_at_start']} at start); profile I/O share at n=1 "
-              f"{100 * lv['io_share_n1']:.0f}%", flush=True)
+              f"{100 * lv['io_share_n1']:.0f}%; draft credit under I/O "
+              f"{lv['cost_correction']['hidden_draft_s'].get('8', 0.0) * 1e3:.0f} ms at n=8; cost drift refits "
+              f"{lv['cost_drift']['refits']}", flush=True)
 
 
 def print_checks(params, checks: dict[str, list[dict]]) -> None:

@@ -185,9 +185,11 @@ def load_draft(args, b: BenchSetup) -> None:
             policy = lever_policy(b.target, b.drafter, target_id=b.loaded.path, kernels=args.kernels,
                                   reader=args.reader, read_limit_bytes_per_s=args.read_limit if b.streamed else 0.0,
                                   dtype=args.dtype, params=b.params, cache_dir=args.cache_dir,
-                                  max_nodes=m.lever_nodes, progress=not args.no_progress)
+                                  max_nodes=m.lever_nodes, tune_ring=b.streamed and args.prefetch_depth == "auto",
+                                  progress=not args.no_progress)
             b.policies.append(policy)
-            b.modes[i] = BenchMode(m.label, SpecConfig(LEVER, policy=policy), m.lever_nodes)
+            b.modes[i] = BenchMode(m.label, SpecConfig(LEVER, policy=policy, draft_ahead=m.draft_ahead),
+                                   m.lever_nodes, m.draft_ahead)
     b.calibration_start = [p.calibration.observations for p in b.policies]
 
 

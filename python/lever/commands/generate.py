@@ -62,6 +62,9 @@ def add_parser(subparsers) -> None:
     spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
                       help=f"mode lever: children the draft offers per expanded node, 1..{MAX_TREE_TOPK} "
                            f"(default 4)")
+    spec.add_argument("--draft-ahead", action="store_true",
+                      help="while the target verifies a tree, a draft model extends it along its own most "
+                           "likely path; the next tree reuses that when the target accepts it (output unchanged)")
     spec.add_argument("--reprofile", action="store_true",
                       help="mode lever: measure the device profile again even if one is cached")
     add_reader_options(flash)
@@ -144,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
                 dtype=args.dtype,
                 params=SamplingParams(args.temperature, args.top_p, args.top_k, args.seed),
                 cache_dir=args.cache_dir, max_nodes=args.lever_max_nodes, max_depth=args.lever_max_depth,
-                topk=args.lever_topk, force_profile=args.reprofile, progress=True)
-        spec = SpecConfig(mode, args.draft_len, shape, policy=policy)
+                topk=args.lever_topk, force_profile=args.reprofile,
+                tune_ring=bool(args.target_store) and args.prefetch_depth == "auto", progress=True)
+        spec = SpecConfig(mode, args.draft_len, shape, policy=policy, draft_ahead=args.draft_ahead)
     completion = loaded.generate(prompt, max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                  seed=args.seed, chat=not args.no_chat,
@@ -199,7 +203,7 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
                           mode=mode, draft_len=args.draft_len, tree=shape, max_nodes=args.lever_max_nodes,
                           max_depth=args.lever_max_depth, topk=args.lever_topk, retry_deadline_s=args.retry_deadline,
                           call_cost_s=args.call_cost_ms / 1e3, cache_dir=args.cache_dir, tls_ca=args.tls_ca,
-                          timeout_s=args.timeout)
+                          timeout_s=args.timeout, draft_ahead=args.draft_ahead)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)

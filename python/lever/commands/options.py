@@ -38,8 +38,10 @@ def add_reader_options(p) -> None:
     """--reader, --prefetch-depth and --read-limit (bytes/s) of a streamed target."""
     p.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
                    help="flash reader backend (auto: io_uring, else a pread thread pool)")
-    p.add_argument("--prefetch-depth", type=arg_types.integer(1, MAX_PREFETCH_DEPTH), default=2, metavar="K",
-                   help=f"extents kept in flight ahead of the computing layer, 1..{MAX_PREFETCH_DEPTH} (default 2)")
+    p.add_argument("--prefetch-depth", type=arg_types.prefetch_depth, default="auto", metavar="K|auto",
+                   help=f"read buffers in the flash reader's ring (extents in flight ahead of the computing "
+                        f"layer), 1..{MAX_PREFETCH_DEPTH}, or auto: at least 2, plus what the DRAM budget leaves "
+                        f"after pinning (default auto)")
     p.add_argument("--read-limit", type=arg_types.read_rate, default="0", metavar="RATE",
                    help=f"cap flash reads (and the loading of pinned layers) to emulate slower flash, e.g. "
                         f"200MB/s, 1.5GiB/s or bytes/s; at least {MIN_READ_RATE / 1e6:g}MB/s (default 0 = unlimited)")

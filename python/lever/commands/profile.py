@@ -126,10 +126,10 @@ def print_table(model, target_name: str, draft_name: str) -> None:
           f"prefetch depth {p.prefetch_depth}; measured {p.created} in {p.measure_s:.1f} s")
     print(f"{'stage':<10} {'read MB':>8} {'io ms':>8} " + " ".join(f"{f'C(n={n}) ms':>12}" for n in cols))
     for s in p.stages:
-        c = interpolate(p.n_grid, s.compute_s, np.array(cols, dtype=float), p.fixed_shapes)
+        c = interpolate(p.n_grid, s.compute_s, np.array(cols, dtype=float), p.fixed_shapes, p.pass_spread)
         print(f"{s.name:<10} {s.io_bytes / 1e6:>8.1f} {s.io_s * 1e3:>8.2f} "
               + " ".join(f"{x * 1e3:>12.2f}" for x in c))
-    e = interpolate(p.n_grid, p.embed_s, np.array(cols, dtype=float), p.fixed_shapes)
+    e = interpolate(p.n_grid, p.embed_s, np.array(cols, dtype=float), p.fixed_shapes, p.pass_spread)
     print(f"{'embed':<10} {0:>8.1f} {0:>8.2f} " + " ".join(f"{x * 1e3:>12.2f}" for x in e))
     verify, compute = model.verify_s(max(SUMMARY_N)), model.compute_s(max(SUMMARY_N))
     print("pass (predicted): " + ", ".join(
@@ -140,3 +140,19 @@ def print_table(model, target_name: str, draft_name: str) -> None:
     draft = model.draft_s(max(p.draft_grid))
     print("draft forward: " + ", ".join(f"f={f} {draft[f - 1] * 1e3:.1f} ms" for f in p.draft_grid))
     print(f"iteration overhead {model.iteration_overhead_s * 1e3:.2f} ms")
+    print_spread_and_validation(p)
+
+
+def print_spread_and_validation(p) -> None:
+    """The measured spread per grid point and what the end-of-measurement check found."""
+    if p.pass_spread:
+        print("spread (robust SD / median): pass " + ", ".join(
+            f"n={n} {s:.1%}" for n, s in zip(p.n_grid, p.pass_spread))
+            + "; draft " + ", ".join(f"f={f} {s:.1%}" for f, s in zip(p.draft_grid, p.draft_spread))
+            + f"; {p.rejected_runs} outlier run{'' if p.rejected_runs == 1 else 's'} dropped")
+    for r in p.validation:
+        var = "n" if r["curve"] == "target" else "f"
+        verdict = "ok" if r["agreed"] else "DISAGREES"
+        redo = f", measured again {r['remeasured']}x ({r['stored_s'] * 1e3:.1f} ms before)" if r["remeasured"] else ""
+        print(f"validation {r['curve']} {var}={r['n']}: {verdict}, {r['final_s'] * 1e3:.1f} ms, check "
+              f"{r['checks'][-1] * 1e3:.1f} ms (tolerance {r['tolerance']:.0%}){redo}")

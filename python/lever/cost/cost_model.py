@@ -1,12 +1,15 @@
 """Predicted seconds of one target pass, one draft forward and one iteration's
 host work, from a measured `DeviceProfile` (README, "Design").
 
-Compute per stage is interpolated over the profile's grid: measurements are
-first made non-decreasing in n (a running maximum: more tokens never cost
-less, so a dip is measurement noise, e.g. the reader's checksum threads
-sharing the cores), then piecewise linear in n, extrapolated linearly (never downwards) past the last grid point; on
-fixed-shape backends a step function (the cost of the smallest grid point
->= n; past the largest, whole runs of it plus the step cost of the rest).
+Compute per stage is interpolated over the profile's grid: the stored medians
+are first fitted (`lever.cost.fit.fit_curve`: isolated spikes rejected, then
+non-decreasing in n, and convex where that stays within the measured spread
+-- more tokens never cost less, so a dip or a lone spike is measurement
+noise, e.g. the machine busy while one point was measured), then piecewise
+linear in n, extrapolated linearly (never downwards) past the last grid
+point; on fixed-shape backends a step function (the cost of the smallest
+grid point >= n; past the largest, whole runs of it plus the step cost of
+the rest).
 
 Flash reads and compute are combined by simulating the prefetch ring
 (`simulate_passes`): one reader reads the streamed extents one after another
@@ -34,15 +37,19 @@ from collections import deque
 import numpy as np
 
 from .device_profile import DeviceProfile
+from .drift import profile_spread
+from .fit import fit_curve
 
 SIMULATED_PASSES = 3
 SUMMARY_N = (1, 16, 64, 256)
 
 
-def interpolate(grid, values, n: np.ndarray, fixed_shapes: bool = False) -> np.ndarray:
-    """Seconds at each n (float64 array) from measurements `values` at `grid` points."""
+def interpolate(grid, values, n: np.ndarray, fixed_shapes: bool = False, spread=None) -> np.ndarray:
+    """Seconds at each n (float64 array) from measured medians `values` at `grid`
+    points, fitted first (`fit_curve`; spread: their relative spread per point,
+    None = unknown; no convex step on fixed shapes)."""
     g = np.asarray(grid, dtype=np.float64)
-    v = np.maximum.accumulate(np.asarray(values, dtype=np.float64))
+    v = fit_curve(g, values, spread, convex=not fixed_shapes)
     n = np.asarray(n, dtype=np.float64)
     if fixed_shapes:
         whole, rest = np.divmod(n, g[-1])
@@ -56,11 +63,13 @@ def interpolate(grid, values, n: np.ndarray, fixed_shapes: bool = False) -> np.n
 
 
 def simulate_passes(io_s: list[float], compute_s: list[np.ndarray], streamed: list[bool],
-                    prefetch_depth: int, passes: int = SIMULATED_PASSES) -> np.ndarray:
-    """Duration (seconds) of the last of `passes` back-to-back passes through the
-    ring described in the module doc.  io_s: read seconds per stage (used
-    where `streamed`); compute_s: per stage, seconds as arrays of one shape
-    (e.g. one entry per n).  Returns an array of that shape."""
+                    prefetch_depth: int, passes: int = SIMULATED_PASSES, gap_s: float = 0.0) -> np.ndarray:
+    """Duration (seconds) of the last of `passes` passes through the ring described
+    in the module doc.  io_s: read seconds per stage (used where `streamed`);
+    compute_s: per stage, seconds as arrays of one shape (e.g. one entry per n).
+    gap_s: seconds the target is idle before each pass (the draft growing the
+    next tree): compute waits, the reader keeps filling free slots; the
+    duration counts the gap.  Returns an array of that shape."""
     shape = np.shape(compute_s[0])
     zero = np.zeros(shape)
     slots_free = deque([zero] * max(1, prefetch_depth))      # release times, in read order
@@ -68,6 +77,7 @@ def simulate_passes(io_s: list[float], compute_s: list[np.ndarray], streamed: li
     compute_end = zero
     pass_end = [zero]
     for _ in range(passes):
+        compute_end = compute_end + gap_s
         for io, c, is_streamed in zip(io_s, compute_s, streamed):
             start = compute_end
             if is_streamed:
@@ -79,6 +89,17 @@ def simulate_passes(io_s: list[float], compute_s: list[np.ndarray], streamed: li
                 slots_free.append(compute_end)
         pass_end.append(compute_end)
     return pass_end[-1] - pass_end[-2]
+
+
+def hidden_credit_s(io_s: list[float], compute_s: list[np.ndarray], streamed: list[bool],
+                    prefetch_depth: int, gap_s: float) -> np.ndarray:
+    """Seconds of an idle gap of `gap_s` before each pass that the ring hides:
+    back-to-back iteration + gap - iteration with the gap (`simulate_passes`),
+    in [0, gap_s].  It grows with the gap up to about the read seconds of the
+    extents that fit in the slots the pass leaves free."""
+    back_to_back = simulate_passes(io_s, compute_s, streamed, prefetch_depth)
+    with_gap = simulate_passes(io_s, compute_s, streamed, prefetch_depth, gap_s=gap_s)
+    return np.clip(back_to_back + gap_s - with_gap, 0.0, gap_s)
 
 
 class CostModel:
@@ -96,13 +117,17 @@ class CostModel:
 
     # -- target ------------------------------------------------------------------
 
+    def stage_compute_s(self, n: np.ndarray) -> list[np.ndarray]:
+        """Per stage, in pass order: compute seconds at each n (the profile's fit)."""
+        return self._compute(np.asarray(n, dtype=np.float64))
+
     def _compute(self, n: np.ndarray) -> list[np.ndarray]:
         p = self.profile
-        return [interpolate(p.n_grid, s.compute_s, n, p.fixed_shapes) for s in p.stages]
+        return [interpolate(p.n_grid, s.compute_s, n, p.fixed_shapes, p.pass_spread) for s in p.stages]
 
     def _embed(self, n: np.ndarray) -> np.ndarray:
         p = self.profile
-        return interpolate(p.n_grid, p.embed_s, n, p.fixed_shapes)
+        return interpolate(p.n_grid, p.embed_s, n, p.fixed_shapes, p.pass_spread)
 
     def verify_s(self, n_max: int) -> np.ndarray:
         """float64 [n_max]: entry n-1 = predicted seconds of one target pass over n tree tokens."""
@@ -122,6 +147,33 @@ class CostModel:
         """Seconds to read one pass's streamed extents back to back: no pass is faster."""
         return sum(s.io_s for s in self.profile.stages if s.streamed) * self.verify_factor
 
+    def hidden_draft_curve(self, n_max: int) -> np.ndarray:
+        """float64 [n_max]: entry n-1 = seconds of draft time the prefetch ring hides
+        before a pass over n tree tokens.  While the draft grows the next tree
+        the reader fills the free slots with the next pass's first streamed
+        extents, so that pass stalls less; a pass that waits on flash gains, a
+        compute-bound one does not.  The credit of a long gap (`hidden_credit_s`
+        with a gap of twice a pass's reads, where it has saturated); 0.0 when
+        nothing is streamed.  A draft of D seconds then costs max(0, D - credit)."""
+        p = self.profile
+        streamed = [s.streamed for s in p.stages]
+        n = np.arange(1, int(n_max) + 1, dtype=np.float64)
+        if not any(streamed):
+            return np.zeros(len(n))
+        io = [s.io_s for s in p.stages]
+        gap = 2.0 * sum(t for t, on in zip(io, streamed) if on)
+        return hidden_credit_s(io, self._compute(n), streamed, p.prefetch_depth, gap) * self.verify_factor
+
+    def hidden_draft_s(self, n_max: int = 64) -> float:
+        """The least of `hidden_draft_curve` over passes of n = 1..n_max tree tokens
+        (seconds): draft time hidden whatever the tree."""
+        return float(np.min(self.hidden_draft_curve(n_max)))
+
+    @property
+    def spread(self) -> float:
+        """The profile's typical relative spread of a pass measurement (unitless)."""
+        return profile_spread(self.profile)
+
     def io_share(self, n: int = 1) -> float:
         """Fraction of a pass over n tokens spent stalled on flash: (pass - pure compute) / pass."""
         total = float(self.verify_s(n)[n - 1])
@@ -134,7 +186,7 @@ class CostModel:
         """float64 [f_max]: entry f-1 = predicted seconds of one draft forward over f nodes."""
         p = self.profile
         f = np.arange(1, int(f_max) + 1, dtype=np.float64)
-        return interpolate(p.draft_grid, p.draft_s, f, p.fixed_shapes) * self.draft_factor
+        return interpolate(p.draft_grid, p.draft_s, f, p.fixed_shapes, p.draft_spread) * self.draft_factor
 
     @property
     def iteration_overhead_s(self) -> float:

@@ -2,7 +2,14 @@
 
 Units: every time is in seconds, every size in bytes, `n` counts tree tokens
 of one target pass (root included) and `f` the frontier nodes of one draft
-forward.  Lists named `*_s` are aligned with their grid.
+forward.  Lists named `*_s` and `*_spread` are aligned with their grid.
+
+Stored times are the raw per-point medians (outlier runs rejected); the cost
+model fits its curves to them when it is built (`lever.cost.fit`), so a
+better fit never needs a file rewritten.  A spread is relative: a robust
+standard deviation of the repeats (1.4826 x their median absolute deviation)
+over their median, e.g. 0.03 for 3 %; an empty spread list means unknown
+(synthetic profiles).
 """
 
 from __future__ import annotations
@@ -11,8 +18,11 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import ProfileError
 
-VERSION = 1
-DEFAULT_N_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+VERSION = 2                       # 2: spreads, validation, rejected runs; medians of >= 5 runs
+# Tree tokens per pass measured: past 128 a pass is compute-bound and grows
+# linearly, which the fit extrapolates (measuring 192 and 256 took most of the
+# profile's time for trees that never pay on a phone-class CPU).
+DEFAULT_N_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DEFAULT_DRAFT_GRID = (1, 2, 4, 8, 16, 32, 64)
 STAGE_KINDS = ("layer", "head")
 
@@ -55,6 +65,10 @@ class DeviceProfile:
     fixed_shapes: bool = False        # compute is a step function over n_grid (static-shape backends)
     created: str = ""                 # ISO 8601 time of the measurement
     measure_s: float = 0.0            # seconds the measurement took
+    pass_spread: list[float] = field(default_factory=list)    # per n_grid point: relative spread of the pass compute
+    draft_spread: list[float] = field(default_factory=list)   # per draft_grid point: of the draft forward
+    validation: list[dict] = field(default_factory=list)      # the end-of-measurement re-checks (lever.cost.measure)
+    rejected_runs: int = 0            # timed runs dropped as outliers
     version: int = field(default=VERSION)
 
     @property
@@ -79,15 +93,19 @@ class DeviceProfile:
                     draft_s=[float(x) for x in d["draft_s"]],
                     iteration_overhead_s=float(d["iteration_overhead_s"]),
                     prefetch_depth=int(d["prefetch_depth"]), fixed_shapes=bool(d["fixed_shapes"]),
-                    created=str(d.get("created", "")), measure_s=float(d.get("measure_s", 0.0)))
+                    created=str(d.get("created", "")), measure_s=float(d.get("measure_s", 0.0)),
+                    pass_spread=[float(x) for x in d["pass_spread"]],
+                    draft_spread=[float(x) for x in d["draft_spread"]],
+                    validation=[dict(r) for r in d["validation"]], rejected_runs=int(d["rejected_runs"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"malformed profile ({type(e).__name__}: {e})") from None
         p.validate()
         return p
 
     def validate(self) -> None:
-        """ProfileError unless grids are increasing positive integers and every
-        list matches its grid."""
+        """ProfileError unless grids are increasing positive integers, every
+        list matches its grid (a spread list may be empty: unknown), and the
+        validation records name grid points."""
         for name, grid in (("n_grid", self.n_grid), ("draft_grid", self.draft_grid)):
             check_grid(grid, name)
         if not self.stages:
@@ -99,6 +117,16 @@ class DeviceProfile:
                 raise ProfileError(f"profile: {name} has {len(values)} entries for a grid of {len(grid)}")
             if any(not v >= 0 for v in values):
                 raise ProfileError(f"profile: {name} has a negative or NaN time")
+        for name, values, grid in (("pass_spread", self.pass_spread, self.n_grid),
+                                   ("draft_spread", self.draft_spread, self.draft_grid)):
+            if values and len(values) != len(grid):
+                raise ProfileError(f"profile: {name} has {len(values)} entries for a grid of {len(grid)}")
+            if any(not 0 <= v < float("inf") for v in values):
+                raise ProfileError(f"profile: {name} has a negative, infinite or NaN spread")
+        for r in self.validation:
+            _check_validation_record(r, {"target": self.n_grid, "draft": self.draft_grid})
+        if self.rejected_runs < 0:
+            raise ProfileError("profile: negative count of rejected runs")
         for s in self.stages:
             if s.kind not in STAGE_KINDS:
                 raise ProfileError(f"profile: stage {s.name} has kind {s.kind!r} (expected layer or head)")
@@ -106,6 +134,18 @@ class DeviceProfile:
                 raise ProfileError(f"profile: stage {s.name} has a negative read time or size")
         if self.prefetch_depth < 0 or not self.iteration_overhead_s >= 0:
             raise ProfileError("profile: negative prefetch depth or iteration overhead")
+
+
+def _check_validation_record(r, grids: dict) -> None:
+    """ProfileError unless `r` is a record of lever.cost.measure.validate_curve for a grid point."""
+    def seconds(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf")
+    ok = (isinstance(r, dict) and r.get("curve") in tuple(grids) and r.get("n") in grids[r["curve"]]
+          and all(seconds(r.get(k)) for k in ("stored_s", "final_s", "tolerance"))
+          and isinstance(r.get("checks"), list) and r["checks"] and all(seconds(c) for c in r["checks"])
+          and isinstance(r.get("remeasured"), int) and r["remeasured"] >= 0 and isinstance(r.get("agreed"), bool))
+    if not ok:
+        raise ProfileError(f"profile: malformed validation record {r!r}")
 
 
 def check_grid(grid, name: str = "grid") -> list[int]:

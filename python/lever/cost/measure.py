@@ -5,7 +5,31 @@ excludes waiting on flash); flash read times come from synchronous O_DIRECT
 reads of each streamed extent; the draft is timed per whole forward.  Every
 timed forward runs a random token tree of n nodes over a `context_tokens`
 context and is truncated away afterwards, so the context stays the same.
-Times are seconds.
+
+Robustness (issue 14): each model first runs WARMUP untimed forwards (the
+largest grid point, which sizes every buffer, then the smallest).  Each grid
+point is then timed `repeats` times (default 5).  A run whose total (the
+pass's compute over all stages; the draft forward) lies more than
+OUTLIER_K robust standard deviations from the median of the runs is dropped
+(robust SD = 1.4826 x the median absolute deviation, at least OUTLIER_FLOOR
+of the median), and each stage keeps its median over the remaining runs.
+The spread stored per point is the robust SD of the kept totals over their
+median.  A point still spread by more than UNSTABLE_SPREAD gets `repeats`
+more runs, once.  At the end, VALIDATION_POINTS grid points spread over
+each grid are timed again (VALIDATION_REPEATS runs); when the check's
+median differs from the stored one by more than max(VALIDATION_FLOOR,
+VALIDATION_K x spread), the point is measured again from scratch and
+checked again, at most VALIDATION_RETRIES times; of two disagreeing
+measurements the faster is kept (another process on the cores only ever
+slows a run; what the machine gives at run time is followed online, see
+lever.cost.drift).  Progress lines and the profile's `validation` records
+say what happened.
+
+Grid: the default n grid goes to 128 tokens; larger trees are priced by the
+fit's linear extrapolation (a pass that large is compute-bound).  With 5
+repeats that is about 5 x Σ pass(n) over the grid: on this repository's
+2-core x86 test machine about 2 minutes for the 1.5B target streamed from
+flash.  Times are seconds.
 """
 
 from __future__ import annotations
@@ -13,7 +37,9 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Callable
 
 import numpy as np
 
@@ -27,9 +53,35 @@ OVERHEAD_NODES = 32          # tree size of the iteration-overhead measurement
 OVERHEAD_REPEATS = 20
 COMPACT_REPEATS = 3          # cache compactions timed per model (each after an untimed tree forward)
 
+DEFAULT_REPEATS = 5          # timed runs per grid point
+OUTLIER_K = 3.0              # a run this many robust SDs from the median is dropped ...
+OUTLIER_FLOOR = 0.02         # ... the robust SD counted as at least 2 % of the median
+MAD_SCALE = 1.4826           # median absolute deviation -> standard deviation (normal data)
+UNSTABLE_SPREAD = 0.10       # a point spread more than 10 % gets `repeats` more runs, once
+VALIDATION_POINTS = 3        # grid points re-checked at the end, per curve
+VALIDATION_REPEATS = 3       # runs of one check
+VALIDATION_FLOOR = 0.10      # a check agrees within max(10 %, ...
+VALIDATION_K = 3.0           # ... 3 spreads) of the stored median
+VALIDATION_RETRIES = 2       # re-measurements of a disagreeing point at most
+
+# one timed forward over n tree tokens -> [(stage name, seconds)] in pass order
+Run = Callable[[int], list[tuple[str, float]]]
+
+
+@dataclass
+class PointTimes:
+    """The timed runs of one grid point, summarised."""
+
+    n: int
+    stages: dict[str, float]    # median seconds per stage over the kept runs, in pass order
+    total_s: float              # median of the kept runs' totals (seconds)
+    spread: float               # robust SD of the kept totals / their median
+    runs: int                   # runs timed
+    rejected: int               # of them dropped as outliers
+
 
 def measure_settings(n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID, context_tokens: int = 128,
-                     repeats: int = 2) -> dict:
+                     repeats: int = DEFAULT_REPEATS) -> dict:
     """The measurement parameters, checked, as the JSON part of a cache key."""
     if int(context_tokens) < 1:
         raise ProfileError(f"context_tokens must be >= 1, got {context_tokens}")
@@ -40,15 +92,15 @@ def measure_settings(n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID, conte
 
 
 def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID,
-                    context_tokens: int = 128, repeats: int = 2, progress: bool = True) -> DeviceProfile:
+                    context_tokens: int = 128, repeats: int = DEFAULT_REPEATS,
+                    progress: bool = True) -> DeviceProfile:
     """Measure `target` (a model in DRAM or a `StreamedDecoder`) and `draft_model`
     (a model in DRAM) on this device; `key` is stored in the profile as is.
 
-    Per grid point n the target runs `repeats` forwards of a random n-node
-    tree (after one warm-up) and each stage keeps its median compute time;
-    the draft likewise per frontier size.  Progress lines go to stderr.
-    Models speak the numpy model protocol (lever.model.loading) and have the
-    `stage_times` hook.
+    Warm-up, `repeats` runs per grid point with outliers dropped, per-stage
+    medians, the spread, and an end-of-measurement validation: see the
+    module doc.  Progress lines go to stderr.  Models speak the numpy model
+    protocol (lever.model.loading) and have the `stage_times` hook.
     """
     cfg = measure_settings(n_grid, draft_grid, context_tokens, repeats)
     n_grid, draft_grid, ctx, repeats = cfg["n_grid"], cfg["draft_grid"], cfg["context_tokens"], cfg["repeats"]
@@ -58,16 +110,140 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
     streamed = hasattr(target, "plan")
     io = _measure_io(target, say) if streamed else {}
     target_cache = _context_cache(target, ctx, max(n_grid[-1], OVERHEAD_NODES), rng)
-    times = _measure_target(target, target_cache, n_grid, repeats, rng, say)
-    draft_s = forward_seconds(draft_model, draft_grid, ctx, repeats, rng, say)
+    run_target = _target_run(target, target_cache, rng)
+    warm_up(run_target, n_grid)
+    target_points = measure_curve(run_target, n_grid, repeats, say, "target", "n", "compute ")
+    draft_cache = _context_cache(draft_model, ctx, draft_grid[-1], rng)
+    run_draft = _forward_run(draft_model, draft_cache, rng)
+    warm_up(run_draft, draft_grid)
+    draft_points = measure_curve(run_draft, draft_grid, repeats, say, "draft", "f")
+    validation = (validate_curve(run_target, target_points, repeats, say, "target", "n")
+                  + validate_curve(run_draft, draft_points, repeats, say, "draft", "f"))
     overhead = _measure_overhead(target, target_cache, draft_model, ctx, rng)
     say(f"profile: iteration overhead {overhead * 1e3:.2f} ms (a {OVERHEAD_NODES}-node tree)")
+    times = {name: [p.stages[name] for p in target_points] for name in target_points[0].stages}
     stages = _stages(target, times, io, len(n_grid))
     return DeviceProfile(key=key, n_grid=n_grid, stages=stages, embed_s=times["embed"],
-                         draft_grid=draft_grid, draft_s=draft_s, iteration_overhead_s=overhead,
+                         draft_grid=draft_grid, draft_s=[p.total_s for p in draft_points],
+                         iteration_overhead_s=overhead,
                          prefetch_depth=target.plan.prefetch_depth if streamed else 0, fixed_shapes=False,
                          created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                         measure_s=time.perf_counter() - t_start)
+                         measure_s=time.perf_counter() - t_start,
+                         pass_spread=[p.spread for p in target_points],
+                         draft_spread=[p.spread for p in draft_points], validation=validation,
+                         rejected_runs=sum(p.rejected for p in target_points + draft_points))
+
+
+# -- repeats, outliers, validation ----------------------------------------------------
+
+def warm_up(run: Run, grid: list[int]) -> None:
+    """Untimed forwards before timing: the largest grid point (every buffer at its
+    largest size), then the smallest."""
+    run(grid[-1])
+    run(grid[0])
+
+
+def kept_runs(totals: list[float]) -> list[bool]:
+    """Which runs to keep: those within OUTLIER_K robust SDs of the median total."""
+    m = statistics.median(totals)
+    sd = max(MAD_SCALE * statistics.median(abs(t - m) for t in totals), OUTLIER_FLOOR * m)
+    return [abs(t - m) <= OUTLIER_K * sd for t in totals]
+
+
+def relative_spread(values: list[float]) -> float:
+    """Robust SD (1.4826 x median absolute deviation) over the median; 0 for one value."""
+    m = statistics.median(values)
+    if m <= 0:
+        return 0.0
+    return MAD_SCALE * statistics.median(abs(v - m) for v in values) / m
+
+
+def summarise(n: int, runs: list[list[tuple[str, float]]]) -> PointTimes:
+    """Drop the outlier runs and take medians (see the module doc)."""
+    names = [name for name, _ in runs[0]]
+    if any([name for name, _ in r] != names for r in runs):
+        raise ProfileError(f"the timed runs at n={n} recorded different stages")
+    totals = [sum(s for _, s in r) for r in runs]
+    keep = kept_runs(totals)
+    kept = [r for r, k in zip(runs, keep) if k]
+    kept_totals = [t for t, k in zip(totals, keep) if k]
+    stages = {name: statistics.median(r[i][1] for r in kept) for i, name in enumerate(names)}
+    return PointTimes(n=n, stages=stages, total_s=statistics.median(kept_totals),
+                      spread=relative_spread(kept_totals), runs=len(runs), rejected=len(runs) - len(kept))
+
+
+def measure_point(run: Run, n: int, repeats: int, extend: bool = True) -> PointTimes:
+    """`repeats` timed runs at n (and as many again, once, when `extend` and the
+    kept runs are spread more than UNSTABLE_SPREAD), summarised."""
+    runs = [run(n) for _ in range(repeats)]
+    point = summarise(n, runs)
+    if extend and point.spread > UNSTABLE_SPREAD:
+        runs += [run(n) for _ in range(repeats)]
+        point = summarise(n, runs)
+    return point
+
+
+def _point_line(label: str, var: str, point: PointTimes, what: str = "") -> str:
+    notes = [f"spread {point.spread:.1%}", f"{point.runs} runs"]
+    if point.rejected:
+        notes.append(f"{point.rejected} outlier{'s' if point.rejected > 1 else ''} dropped")
+    return f"{label} {var}={point.n:<4d} {what}{point.total_s * 1e3:9.1f} ms ({', '.join(notes)})"
+
+
+def measure_curve(run: Run, grid: list[int], repeats: int, say, label: str, var: str = "n",
+                  what: str = "") -> list[PointTimes]:
+    """One `PointTimes` per grid point; a progress line each."""
+    points = []
+    for k, n in enumerate(grid):
+        points.append(measure_point(run, n, repeats))
+        say(f"profile: {_point_line(label, var, points[-1], what)} [{k + 1}/{len(grid)}]")
+    return points
+
+
+def validation_indices(points: int) -> list[int]:
+    """VALIDATION_POINTS indices spread over a grid of `points` (all when it is that small)."""
+    if points <= VALIDATION_POINTS:
+        return list(range(points))
+    inner = np.linspace(0, points - 1, VALIDATION_POINTS + 2)[1:-1]
+    return sorted({int(round(x)) for x in inner})
+
+
+def validate_curve(run: Run, points: list[PointTimes], repeats: int, say, curve: str,
+                   var: str = "n") -> list[dict]:
+    """Re-check a few points (see the module doc); a point that disagrees is
+    measured again and replaced in `points`.  Returns one record per checked
+    point: curve, n, stored_s (the first median), checks (each check's
+    median), tolerance (relative), remeasured (times), final_s, agreed."""
+    records = []
+    for i in validation_indices(len(points)):
+        point = points[i]
+        rec = {"curve": curve, "n": point.n, "stored_s": point.total_s, "checks": [], "tolerance": 0.0,
+               "remeasured": 0, "final_s": point.total_s, "agreed": False}
+        for attempt in range(VALIDATION_RETRIES + 1):
+            check = measure_point(run, point.n, VALIDATION_REPEATS, extend=False).total_s
+            tol = max(VALIDATION_FLOOR, VALIDATION_K * point.spread)
+            rec["checks"].append(check)
+            rec["tolerance"] = tol
+            if abs(check - point.total_s) <= tol * point.total_s:
+                rec["agreed"] = True
+                break
+            verdict = (f"profile: validation {curve} {var}={point.n}: stored {point.total_s * 1e3:.1f} ms, "
+                       f"check {check * 1e3:.1f} ms (beyond {tol:.0%})")
+            if attempt == VALIDATION_RETRIES:
+                say(f"{verdict}: still disagrees after {attempt} re-measurements; keeping the last")
+                break
+            again = measure_point(run, point.n, repeats)
+            if again.total_s < point.total_s:        # contention only slows a run: keep the faster
+                point = points[i] = again
+            rec["remeasured"] += 1
+            say(f"{verdict}: measured again -> {again.total_s * 1e3:.1f} ms (spread {again.spread:.1%}); "
+                f"keeping {point.total_s * 1e3:.1f} ms")
+        rec["final_s"] = point.total_s
+        if rec["agreed"]:
+            say(f"profile: validation {curve} {var}={point.n}: ok (check {rec['checks'][-1] * 1e3:.1f} ms, "
+                f"stored {point.total_s * 1e3:.1f} ms, within {rec['tolerance']:.0%})")
+        records.append(rec)
+    return records
 
 
 def _printer(progress: bool):
@@ -144,40 +320,33 @@ def _timed_stages(model, tree: TokenTree, cache) -> list[tuple[str, float]]:
         model.stage_times = None
 
 
-def _measure_target(model, cache, n_grid: list[int], repeats: int, rng, say) -> dict[str, list[float]]:
-    """{stage name: median compute seconds per n_grid point}, stages in pass
-    order; `cache` holds the context (room for n_grid[-1] more rows)."""
+def _target_run(model, cache, rng) -> Run:
+    """One timed target forward of a random n-node tree: its per-stage compute seconds."""
     vocab = model.config.vocab_size
-    _tree_forward(model, random_tree(n_grid[0], vocab, rng), cache)          # warm-up
-    out: dict[str, list[float]] = {}
-    for k, n in enumerate(n_grid):
-        runs = [_timed_stages(model, random_tree(n, vocab, rng), cache) for _ in range(repeats)]
-        names = [name for name, _ in runs[0]]
-        for i, name in enumerate(names):
-            out.setdefault(name, []).append(statistics.median(run[i][1] for run in runs))
-        total = sum(v[-1] for v in out.values())
-        say(f"profile: target n={n:<4d} ({k + 1}/{len(n_grid)}) compute {total * 1e3:9.1f} ms")
-    return out
+    return lambda n: _timed_stages(model, random_tree(n, vocab, rng), cache)
+
+
+def _forward_run(model, cache, rng) -> Run:
+    """One timed whole forward of a random f-node tree: [("forward", seconds)]."""
+    vocab = model.config.vocab_size
+
+    def run(f: int) -> list[tuple[str, float]]:
+        tree = random_tree(f, vocab, rng)
+        t0 = time.perf_counter()
+        _tree_forward(model, tree, cache)
+        return [("forward", time.perf_counter() - t0)]
+    return run
 
 
 def forward_seconds(model, grid: list[int], ctx: int, repeats: int, rng, say, label: str = "draft") -> list[float]:
     """Median seconds of one forward of `model` over a random f-node tree after
     `ctx` context tokens, per grid point f (the draft curve of a profile; a
-    verifier server's published verify curve)."""
-    vocab = model.config.vocab_size
+    verifier server's published verify curve); warm-up and outlier runs
+    dropped as in `measure_profile`, no validation."""
     cache = _context_cache(model, ctx, grid[-1], rng)
-    _tree_forward(model, random_tree(grid[0], vocab, rng), cache)            # warm-up
-    out = []
-    for f in grid:
-        samples = []
-        for _ in range(repeats):
-            tree = random_tree(f, vocab, rng)
-            t0 = time.perf_counter()
-            _tree_forward(model, tree, cache)
-            samples.append(time.perf_counter() - t0)
-        out.append(statistics.median(samples))
-        say(f"profile: {label} f={f:<4d} {out[-1] * 1e3:9.1f} ms")
-    return out
+    run = _forward_run(model, cache, rng)
+    warm_up(run, grid)
+    return [p.total_s for p in measure_curve(run, grid, repeats, say, label, "f")]
 
 
 def _measure_overhead(target, target_cache, draft_model, ctx: int, rng) -> float:

@@ -13,7 +13,10 @@ budget and the extents it pins, the dtype, the machine, and the measurement
 grid.  All of that is the key; the cache file is named by its hash, so any
 change means another file and a new measurement.  A cached file whose key
 differs, that is corrupt, or of another version is never used: it is
-re-measured with a warning on stderr.
+re-measured with a warning on stderr (so a profile of format version 1,
+medians of 2 runs without spread or validation, is measured again).
+The file holds the raw per-point medians and their spread; the fitted
+curves are computed when a CostModel is built (lever.cost.fit).
 
 Units: seconds, bytes, bytes per second; `n` counts tree tokens per target pass.
 """
@@ -34,11 +37,12 @@ from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, VERSION, DeviceP
 from .identity import machine_identity, model_identity, store_identity
 
 __all__ = ["DeviceProfile", "Stage", "DEFAULT_N_GRID", "DEFAULT_DRAFT_GRID", "VERSION", "profile_key",
-           "profile_path", "measure_profile", "load_or_measure"]
+           "profile_path", "measure_profile", "load_or_measure", "cached_profile", "save_profile"]
 
 
 def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID,
-                    context_tokens: int = 128, repeats: int = 2, progress: bool = True) -> DeviceProfile:
+                    context_tokens: int = 128, repeats: int = _measure.DEFAULT_REPEATS,
+                    progress: bool = True) -> DeviceProfile:
     """Measure a profile now (no cache); see `lever.cost.measure.measure_profile`."""
     return _measure.measure_profile(target, draft_model, key, n_grid=n_grid, draft_grid=draft_grid,
                                     context_tokens=context_tokens, repeats=repeats, progress=progress)
@@ -127,6 +131,18 @@ def _write(path: Path, profile: DeviceProfile) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(profile.to_json(), indent=1))
     os.replace(tmp, path)
+
+
+def cached_profile(key: dict, cache_dir: str | os.PathLike | None = None, **measure_kwargs) -> DeviceProfile | None:
+    """The cached profile for `key` (+ the measurement settings), or None (a bad file is warned about)."""
+    key = full_key(key, **measure_kwargs)
+    return _read_cached(profile_path(key, cache_dir), key)
+
+
+def save_profile(profile: DeviceProfile, cache_dir: str | os.PathLike | None = None) -> DeviceProfile:
+    """Write `profile` (its key already holds the measurement settings) to the cache; returns it."""
+    _write(profile_path(profile.key, cache_dir), profile)
+    return profile
 
 
 def load_or_measure(target, draft_model, key: dict, cache_dir: str | os.PathLike | None = None,

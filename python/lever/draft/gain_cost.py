@@ -2,16 +2,25 @@
 
 Each iteration the native `TreeGrower` (csrc/tree/grow_tree.h) sizes the
 tree by expected accepted tokens per second: it picks which nodes the draft
-expands next, this module runs the draft forward and hands the children back
+expands next, this module expands them (the drafter primitive,
+lever.draft.base.Drafter) and hands the children back
 with their calibrated acceptance probabilities, and the grower selects the
 tree that maximises (1 + sum of path probabilities) / (draft + verify +
 overhead seconds), with the verify cost curve and draft cost from the
 device profile (`lever.cost`).
 
+Drafting while the flash reader streams the next pass costs less than its
+seconds: the cost model's `hidden_draft_curve(n)` (the reads the prefetch
+ring can do while the target is idle, per pass size n: a pass that waits on
+flash gains, a compute-bound one does not) is a credit, and the grower
+charges max(0, draft seconds - credit(n)).
+
 After verification `observe` teaches the calibration the outcome of every
-child of an accepted node, and rescales the cost curves by the running ratio
-of realised to predicted seconds (verify and draft separately), so the
-profile's absolute level drifts with the machine while its shape is kept.
+child of an accepted node and follows the realised target-pass seconds
+against the prediction per range of tree sizes (`lever.cost.drift.CostDrift`:
+a range's correction is refitted when it drifts beyond the profile's
+measurement spread); the draft curve and the per-iteration host work follow
+a running ratio / mean.
 """
 
 from __future__ import annotations
@@ -25,17 +34,17 @@ import numpy as np
 from .. import _native
 from ..errors import LeverError
 from ..sampling import SamplingParams
-from ..tree import TokenTree
+from .base import NO_TOKEN, Drafter, Grown
+from ..cost.drift import CostDrift
 from .calibration import AcceptanceCalibration
 
 CORRECTION_RATE = 0.2          # weight of the newest realised/predicted ratio (in log space)
 
 
 @dataclass
-class LeverDraft:
-    """One grown tree with its predictions (seconds, tokens)."""
+class Prediction:
+    """What the policy predicted of one grown tree (`Grown.prediction`; seconds, tokens)."""
 
-    tree: TokenTree
     q: np.ndarray                  # draft probability of each node given its parent (root: 1)
     rank: np.ndarray               # rank among its draft siblings (root: 0)
     expected_tokens: float         # predicted tokens emitted (accepted + the target's own)
@@ -87,7 +96,8 @@ class GainCostPolicy:
         curve then replaces the online correction."""
         self._verify_s = np.asarray(self.cost.verify_s(self.max_nodes + 1), dtype=np.float64)
         self._draft_s = np.asarray(self.cost.draft_s(max(self.max_nodes + 1, 1)), dtype=np.float64)
-        self.verify_factor = 1.0
+        self._hidden_draft_s = np.asarray(self.cost.hidden_draft_curve(self.max_nodes + 1), dtype=np.float64)
+        self.drift = CostDrift(self.max_nodes + 1, self.cost.spread)
         self._cost_revision = getattr(self.cost, "revision", None)
 
     # -- one iteration ----------------------------------------------------------------
@@ -102,25 +112,31 @@ class GainCostPolicy:
         at = curve[f - 1] if f <= len(curve) else curve[-1] + (curve[-1] - curve[-2]) * (f - len(curve))
         return max(0.0, float(at - curve[0])) * self.draft_factor
 
-    def grower(self) -> "_native.TreeGrower":
-        return _native.TreeGrower(self._verify_s * self.verify_factor, self._draft_s * self.draft_factor,
-                                  self._overhead_s, self.max_nodes, self.max_depth)
+    def verify_curve(self) -> np.ndarray:
+        """Predicted seconds of a target pass over n = 1..max_nodes+1 tree tokens:
+        the cost model's curve with the online drift correction per n-range."""
+        return self.drift.corrected(self._verify_s) if self.adapt else self._verify_s
 
-    def draft(self, drafter, root: int, params: SamplingParams = SamplingParams(),
-              seed: int | None = None) -> LeverDraft:
-        """Grow a tree under `root` with `drafter` (a ModelDrafter: start_tree /
-        expand / use_tree, and `pending`, the committed tokens its next forward
-        must catch up on).  params, seed: the sequence's sampling, so that the
-        draft's rank-0 child is its own position-keyed draw."""
-        if not hasattr(drafter, "expand"):
+    def grower(self) -> "_native.TreeGrower":
+        return _native.TreeGrower(self.verify_curve(), self._draft_s * self.draft_factor,
+                                  self._overhead_s, self.max_nodes, self.max_depth,
+                                  hidden_draft_s=self._hidden_draft_s)
+
+    def grow(self, drafter: Drafter, root: int, params: SamplingParams = SamplingParams(),
+             seed: int | None = None) -> Grown:
+        """Grow a tree under `root` with `drafter` (one with draft probabilities,
+        `has_probabilities`).  params, seed: the sequence's sampling, so that
+        the draft's rank-0 child is its own position-keyed draw.  The grown
+        tree's `prediction` is a `Prediction`."""
+        if not drafter.has_probabilities:
             raise LeverError("mode lever needs a draft model (prompt lookup has no probabilities to calibrate)")
         if getattr(self.cost, "revision", None) != self._cost_revision:
             self._read_cost()
         grower = self.grower()
         t_grow = time.perf_counter()
-        drafter.start_tree()
+        drafter.begin_tree()
         grower.begin(root, self.calibration.child_accept(self.max_depth, self.topk),
-                     self._catch_up_s(len(drafter.pending)))
+                     self._catch_up_s(drafter.catch_up_tokens))
         ranks = np.arange(self.topk)
         forward_s = 0.0
         while True:
@@ -129,51 +145,58 @@ class GainCostPolicy:
                 break
             pool = grower.pool
             t0 = time.perf_counter()
-            top_tok, top_lp = drafter.expand(pool, nodes, self.topk, params, seed)
+            e = drafter.expand(pool, nodes, self.topk, params, seed)
             forward_s += time.perf_counter() - t0
             depths = pool.depths()[nodes] + 1
-            accept = self.calibration.predict(np.exp(top_lp.astype(np.float64)), depths[:, None], ranks[None, :])
+            accept = self.calibration.predict(np.exp(e.logprobs.astype(np.float64)), depths[:, None], ranks[None, :])
             for row, node in enumerate(nodes):
-                grower.add_children(node, top_tok[row], top_lp[row], accept[row])
+                k = int(np.count_nonzero(e.tokens[row] != NO_TOKEN))       # children offered (a prefix)
+                grower.add_children(node, e.tokens[row, :k], e.logprobs[row, :k], accept[row, :k])
         tree, pool_index, expected, predicted_s = grower.select()
         drafter.use_tree(tree, pool_index)
         grow_s = time.perf_counter() - t_grow - forward_s
         n = len(tree)
-        verify_s = float(self._verify_s[n - 1] * self.verify_factor)
+        verify_s = float(self.verify_curve()[n - 1])
         q = np.exp(grower.pool.logprobs()[pool_index].astype(np.float64))
         q[0] = 1.0
         rank = np.array([grower.rank(int(i)) for i in pool_index])
-        return LeverDraft(tree=tree, q=q, rank=rank,
-                          expected_tokens=float(expected), predicted_s=float(predicted_s),
-                          predicted_draft_s=float(grower.draft_spent_s), predicted_verify_s=verify_s,
-                          grow_s=grow_s, forward_s=forward_s, pool_size=len(grower.pool))
+        return Grown(tree, prediction=Prediction(
+            q=q, rank=rank, expected_tokens=float(expected), predicted_s=float(predicted_s),
+            predicted_draft_s=float(grower.draft_spent_s), predicted_verify_s=verify_s,
+            grow_s=grow_s, forward_s=forward_s, pool_size=len(grower.pool)))
 
-    def observe(self, draft: LeverDraft, accepted: list[int], verify_s: float, iteration_s: float) -> None:
+    def observe(self, grown: Grown, accepted: list[int], verify_s: float, iteration_s: float) -> None:
         """Learn from one verification: `accepted` tree nodes; realised seconds of
         the target pass and of the whole iteration (draft, verify, accept, commit)."""
-        tree = draft.tree
+        tree, p = grown.tree, grown.prediction
         accepted_set = set(accepted)
         trials = [c for v in [0] + list(accepted) for c in tree.children(v)]
         if trials:
             idx = np.asarray(trials)
-            self.calibration.update(draft.q[idx], tree.depths()[idx], draft.rank[idx],
+            self.calibration.update(p.q[idx], tree.depths()[idx], p.rank[idx],
                                     np.array([c in accepted_set for c in trials]))
         if self.adapt:
-            self.verify_factor = _blend(self.verify_factor, verify_s, draft.predicted_verify_s)
-            if draft.predicted_draft_s > 0 and draft.forward_s > 0:
-                self.draft_factor = _blend(self.draft_factor, draft.forward_s, draft.predicted_draft_s)
-            rest = iteration_s - verify_s - draft.forward_s      # host work, commit's catch-up forward
+            n = len(tree)
+            self.drift.observe(n, float(self._verify_s[min(n, len(self._verify_s)) - 1]), verify_s)
+            if p.predicted_draft_s > 0 and p.forward_s > 0:
+                self.draft_factor = _blend(self.draft_factor, p.forward_s, p.predicted_draft_s)
+            rest = iteration_s - verify_s - p.forward_s      # host work, commit's catch-up forward
             if rest > 0:
                 self._overhead_s += CORRECTION_RATE * (rest - self._overhead_s)
         r = self.record
         r.tree_sizes.append(len(tree) - 1)
-        r.predicted_tokens.append(draft.expected_tokens)
+        r.predicted_tokens.append(p.expected_tokens)
         r.realised_tokens.append(len(accepted) + 1)
-        r.predicted_s.append(draft.predicted_s)
+        r.predicted_s.append(p.predicted_s)
         r.realised_s.append(iteration_s)
-        r.grow_s.append(draft.grow_s)
+        r.grow_s.append(p.grow_s)
 
     # -- reporting ----------------------------------------------------------------------
+
+    @property
+    def observed(self) -> int:
+        """Iterations observed so far (the `since` of `report`)."""
+        return len(self.record.tree_sizes)
 
     def report(self, since: int = 0) -> dict:
         """Tree sizes, predicted vs realised accepted length and iteration seconds
@@ -194,8 +217,10 @@ class GainCostPolicy:
             "iteration_s": {"predicted_mean": round(float(np.mean(r.predicted_s)), 5),
                             "realised_mean": round(float(np.mean(r.realised_s)), 5)},
             "grow_us_mean": round(float(np.mean(r.grow_s)) * 1e6, 1),
-            "cost_correction": {"verify": round(self.verify_factor, 4), "draft": round(self.draft_factor, 4),
-                                "overhead_s": round(self._overhead_s, 5)},
+            "cost_correction": {"draft": round(self.draft_factor, 4), "overhead_s": round(self._overhead_s, 5),
+                                "hidden_draft_s": {str(n): round(float(self._hidden_draft_s[n - 1]), 5)
+                                                   for n in (1, 8, 16, 32) if n <= len(self._hidden_draft_s)}},
+            "cost_drift": self.drift.report(),
             "calibration": self.calibration.calibration_error(),
         }
 
@@ -232,6 +257,8 @@ class CostCurves:
     verify_curve: tuple[float, ...]
     draft_curve: tuple[float, ...]
     iteration_overhead_s: float = 0.0
+    hidden_s: float = 0.0             # draft seconds hidden under the next pass's reads
+    spread: float = 0.0               # relative measurement spread of the verify curve
 
     @classmethod
     def linear(cls, verify_fixed_s: float, verify_per_token_s: float, draft_fixed_s: float,
@@ -246,6 +273,9 @@ class CostCurves:
 
     def draft_s(self, f_max: int) -> np.ndarray:
         return _extend(self.draft_curve, f_max)
+
+    def hidden_draft_curve(self, n_max: int) -> np.ndarray:
+        return np.full(n_max, self.hidden_s)
 
 
 def _extend(curve: tuple[float, ...], n: int) -> np.ndarray:

@@ -1,7 +1,15 @@
-"""Prompt lookup: draft the continuation of earlier occurrences of the newest
+"""Prompt lookup: draft the continuations of earlier occurrences of the newest
 n-gram in the text so far (no model).  Strong on code and summaries, where
 the output repeats the input; the only drafter for models without a smaller
-sibling (SmolLM2-135M)."""
+sibling (SmolLM2-135M).
+
+The drafter primitive (lever.draft.base.Drafter): the children of a tree
+node are the distinct tokens that followed the earlier occurrences of the
+longest suffix (max_ngram tokens down to min_ngram) of the text + the node's
+path that occurs before, each with log(count / occurrences); rank 0 is the
+most frequent, ties broken by the newest occurrence.  So a chain follows the
+newest matching occurrence while it keeps matching, and a tree branches where
+earlier occurrences went different ways."""
 
 from __future__ import annotations
 
@@ -9,60 +17,61 @@ import numpy as np
 
 from ..sampling import SamplingParams
 from ..tree import TokenTree
-from .base import TreeShape
+from .base import NO_TOKEN, Expansion
 
 
 class NgramDrafter:
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, branches: int = 4):
-        self.max_ngram, self.min_ngram, self.branches = max_ngram, min_ngram, branches
-        self.tokens: list[int] = []
+    has_probabilities = False           # its log-probs are continuation frequencies, not a model's
+    catch_up_tokens = 0                 # it reads the text directly: nothing to catch up on
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.tokens: list[int] = []     # the committed text, root included
+        self._text: np.ndarray | None = None        # self.tokens as an int64 array (None: to rebuild)
 
     def reset(self, prompt_ids: list[int], capacity: int | None = None) -> None:
         self.tokens = list(prompt_ids)
+        self._text = None
 
-    def _continuations(self, length: int, limit: int) -> list[list[int]]:
-        """Up to `limit` distinct continuations of the longest matching suffix, newest first."""
-        seq = np.asarray(self.tokens, dtype=np.int64)
+    def begin_tree(self) -> None:
+        pass
+
+    def expand(self, tree: TokenTree, nodes: list[int], topk: int, params: SamplingParams = SamplingParams(),
+               seed: int | None = None, with_probs: bool = False) -> Expansion:
+        """Up to `topk` continuations of each node's text (see the module doc);
+        nothing is sampled, so `params` and `seed` play no part, and there are
+        no distributions (`probs` is None)."""
+        if self._text is None:
+            self._text = np.asarray(self.tokens, dtype=np.int64)
+        tokens = np.full((len(nodes), topk), NO_TOKEN, dtype=np.int32)
+        logprobs = np.full((len(nodes), topk), -np.inf, dtype=np.float32)
+        for row, node in enumerate(nodes):
+            path = [tree.token(i) for i in tree.path(node)[1:]]              # the root is the text's last token
+            found = self.continuations(np.concatenate([self._text, np.asarray(path, dtype=np.int64)]))[:topk]
+            for rank, (token, logprob) in enumerate(found):
+                tokens[row, rank], logprobs[row, rank] = token, logprob
+        return Expansion(tokens, logprobs)
+
+    def continuations(self, seq: np.ndarray) -> list[tuple[int, float]]:
+        """(token, log frequency) of what followed the earlier occurrences of the
+        longest matching suffix of `seq`, most frequent first (ties: newest first)."""
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            suffix = seq[-n:]
             windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
-            starts = np.nonzero((windows == suffix).all(axis=1))[0][::-1] + n
-            found, seen = [], set()
-            for s in starts:
-                cont = tuple(seq[s:s + length].tolist())
-                if cont and cont not in seen:
-                    seen.add(cont)
-                    found.append(list(cont))
-                    if len(found) == limit:
-                        break
-            if found:
-                return found
+            starts = np.nonzero((windows == seq[-n:]).all(axis=1))[0]
+            if not len(starts):
+                continue
+            following = seq[starts + n][::-1].tolist()                      # newest occurrence first
+            counts: dict[int, int] = {}
+            for token in following:
+                counts[token] = counts.get(token, 0) + 1                    # dict order: newest first
+            ranked = sorted(counts.items(), key=lambda kv: -kv[1])          # stable: ties stay newest first
+            return [(token, float(np.log(c / len(following)))) for token, c in ranked]
         return []
 
-    def draft_tree(self, root: int, shape: TreeShape, params: SamplingParams = SamplingParams(),
-                   seed: int | None = None) -> TokenTree:
-        """The continuations of earlier occurrences of the newest n-gram, merged
-        into a tree (`params` and `seed` are not needed: nothing is sampled)."""
-        tree = TokenTree(root)
-        for cont in self._continuations(shape.depth, min(self.branches, shape.topk)):
-            node = 0
-            for tok in cont:
-                child = tree.child_with_token(node, tok)
-                if child < 0:
-                    if len(tree) - 1 >= shape.budget:
-                        break
-                    child = tree.add(node, tok, 0.0)
-                node = child
-        return tree
-
-    def draft_chain(self, root: int, k: int, params: SamplingParams,
-                    seed: int | None) -> tuple[TokenTree, np.ndarray | None]:
-        tree = TokenTree(root)
-        conts = self._continuations(k, 1)
-        for i, tok in enumerate(conts[0] if conts else []):
-            tree.add(i, tok, 0.0)
-        return tree, None
+    def use_tree(self, tree: TokenTree, drafted_index: np.ndarray) -> None:
+        pass
 
     def commit(self, tree: TokenTree, accepted: list[int], next_token: int) -> None:
         self.tokens.extend(tree.token(j) for j in accepted)
         self.tokens.append(next_token)
+        self._text = None

@@ -13,7 +13,11 @@
 The store budget must cover the store's minimum (`store_minimum`): the fixed
 costs `plan_residency` charges (globals, the target's KV cache, embedding
 rows: `residency.fixed_costs`) and the ring of read buffers -- so the target
-KV cache is counted there and must not be passed again as scratch. A limit below the sum
+KV cache is counted there and must not be passed again as scratch.  With
+`prefetch_depth="auto"` the minimum holds a ring of the least auto depth
+(residency.MIN_AUTO_DEPTH slots); the extra slots auto buys come out of the
+store budget, only from bytes no further extent can be pinned with, so the
+residency plan's `used_bytes` (ring included) never exceeds the store budget. A limit below the sum
 raises MemoryLimitError listing every part in MB. Make the plan before loading
 any model: the baseline is this process's RSS at that moment.
 """
@@ -23,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import MemoryLimitError
-from ..store.residency import fixed_costs, kv_bytes, parse_size, plan_residency  # noqa: F401 (kv_bytes: re-exported)
+from ..store.residency import (AUTO_DEPTH, MIN_AUTO_DEPTH, fixed_costs, kv_bytes,  # noqa: F401 (kv_bytes: re-exported)
+                               parse_prefetch_depth, parse_size, plan_residency)
 from . import rss
 
 MIN_MARGIN_BYTES = 32 << 20        # bytes: allocator slack, thread stacks, page tables
@@ -31,15 +36,17 @@ MARGIN_FRACTION = 0.05             # of the limit
 _MARGIN_RULE = f"max({MIN_MARGIN_BYTES >> 20} MiB, {MARGIN_FRACTION:.0%} of the limit)"
 
 
-def store_minimum(manifest, dtype_bytes: int = 2, kv_tokens: int = 2048, prefetch_depth: int = 2,
+def store_minimum(manifest, dtype_bytes: int = 2, kv_tokens: int = 2048, prefetch_depth: int | str = AUTO_DEPTH,
                   embed_cache_rows: int = 4096) -> dict[str, int]:
     """The least DRAM (bytes, by part) `plan_residency` accepts for `manifest`
     with the same arguments: its fixed costs (`residency.fixed_costs`: globals,
-    kv_cache, embedding_rows) plus a ring of `prefetch_depth` buffers of the largest
-    extent -- or, when pinning everything costs less, every extent ("weights")."""
+    kv_cache, embedding_rows) plus a ring of `prefetch_depth` buffers (MIN_AUTO_DEPTH
+    for "auto") of the largest extent -- or, when pinning everything costs less,
+    every extent ("weights")."""
+    depth = parse_prefetch_depth(prefetch_depth)
     parts = dict(fixed_costs(manifest, dtype_bytes, kv_tokens, embed_cache_rows))
     extents = manifest.layers + manifest.head_parts
-    ring = prefetch_depth * max(e.length for e in extents)
+    ring = (MIN_AUTO_DEPTH if depth == AUTO_DEPTH else depth) * max(e.length for e in extents)
     everything = sum(e.length for e in extents)
     if everything <= ring:
         parts["weights"] = everything

@@ -43,7 +43,7 @@ def _gguf_sizes(path):
 
 
 def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_tokens: int,
-             tree_rows: int, sampling: bool, dtype: str, prefetch_depth: int = 2,
+             tree_rows: int, sampling: bool, dtype: str, prefetch_depth: int | str = "auto",
              baseline_bytes: int | None = None) -> tuple[MemoryPlan, int | None]:
     """The plan of one run under `limit` (bytes or '868MB') and the target
     store's DRAM budget (bytes; None for an in-memory target).
@@ -52,7 +52,9 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
     draft_path: the draft model's GGUF (None: no draft model, e.g. n-grams).
     kv_tokens: KV rows per sequence (prompt + new tokens + tree); tree_rows:
     rows of the largest target pass; sampling: logits rows are kept (greedy
-    keeps one argmax per row).  baseline_bytes: default this process's RSS
+    keeps one argmax per row).  prefetch_depth: the store's ring, an integer
+    or "auto" (the minimum then holds the least auto ring; the slots auto adds
+    come out of the store budget).  baseline_bytes: default this process's RSS
     on entry, before any header is parsed."""
     from . import rss
     baseline = rss.current_rss() if baseline_bytes is None else int(baseline_bytes)

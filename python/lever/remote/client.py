@@ -138,6 +138,11 @@ class RemoteVerifier:
     def max_context(self) -> int:
         return int(self.info["max_context"])
 
+    def io_busy_s(self) -> None:
+        """The server's flash reads are not visible here: the share of drafting
+        hidden under I/O is unknown (None) in edge-cloud mode."""
+        return None
+
     @property
     def max_tree_nodes(self) -> int:
         """Nodes per tree the server accepts, root included."""

@@ -62,6 +62,12 @@ class RemoteCost:
     def draft_s(self, f_max: int) -> np.ndarray:
         return interpolate(self.draft_grid, self.draft_values, np.arange(1, f_max + 1))
 
+    spread = 0.0                 # it learns online itself: no measurement spread to refit against
+
+    def hidden_draft_curve(self, n_max: int) -> np.ndarray:
+        """Drafting overlaps nothing here: the loop waits for the server's answer (seconds, zeros)."""
+        return np.zeros(n_max)
+
     def observe(self, n: int, round_trip_s: float, server_s: float) -> None:
         """Learn from one round over n tree tokens."""
         if round_trip_s <= 0:

@@ -52,17 +52,19 @@ class RemoteTarget:
     call_cost_s: mode lever counts each target call as this many extra
     seconds when sizing trees (fewer server calls for some speed; 0 = speed);
     tls_ca: PEM file of the certificates to trust for an https:// url
-    (default: the system's), e.g. a self-signed server's certificate."""
+    (default: the system's), e.g. a self-signed server's certificate.
+    draft_ahead: the draft extends the tree while the server verifies it
+    (lever.draft.ahead), reused when the server accepts that path."""
 
     def __init__(self, url: str, draft: str | LoadedModel = "qwen2.5-coder-0.5b", token: str | None = None,
                  mode: str = "lever", draft_len: int = 4, tree: TreeShape = TreeShape(),
                  max_nodes: int = DEFAULT_MAX_NODES, max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK,
                  retry_deadline_s: float = 30.0, call_cost_s: float = 0.0, cache_dir=None, progress: bool = True,
-                 tls_ca: str | None = None, timeout_s: float = 120.0):
+                 tls_ca: str | None = None, timeout_s: float = 120.0, draft_ahead: bool = False):
         self.draft = draft if isinstance(draft, LoadedModel) else load(draft, cache_dir=cache_dir, progress=progress)
         self.url, self.token, self.retry_deadline_s = url, token, retry_deadline_s
         self.tls_ca, self.timeout_s = tls_ca, timeout_s
-        self.spec_args = dict(mode=mode, draft_len=draft_len, tree=tree)
+        self.spec_args = dict(mode=mode, draft_len=draft_len, tree=tree, draft_ahead=draft_ahead)
         self.max_nodes, self.max_depth, self.topk = max_nodes, max_depth, topk
         if not call_cost_s >= 0:
             raise LeverError(f"the cost of a target call must be >= 0 seconds, got {call_cost_s}")

@@ -12,6 +12,36 @@ so no dequantisation workspace is needed).
 Pinning order: the head parts, then decoder layers from the last one down.
 Pinning the tail of the pass lets the reader fetch the first streamed layers
 of the next pass while the pinned tail computes.
+
+Ring depth (`prefetch_depth`): an integer is taken as given; "auto" (the
+default) pins with a ring of MIN_AUTO_DEPTH slots, then spends the budget
+left after pinning on more slots:
+
+    depth = MIN_AUTO_DEPTH + leftover // slot_bytes,
+            capped at max(MIN_AUTO_DEPTH, streamed extents) and MAX_PREFETCH_DEPTH
+
+A slot beyond the streamed extents would hold a copy of an extent for the
+pass after next, which the one pass that follows a draft cannot use.
+
+The leftover is always less than one slot: pinning stops at the first
+extent e (in pin order) with base + pinned + e + MIN_AUTO_DEPTH * max(rest)
+> budget, and the slot is max(e, rest), so leftover < e <= slot_bytes.  So
+with greedy pinning auto's ring is MIN_AUTO_DEPTH slots at every budget that
+streams something (the formula states the rule; it never takes a pin away).
+
+Trading a pinned layer for a slot (left out of auto on purpose): the layer's
+read is added to every pass (+ its read seconds), its compute moves from the
+pinned tail into the streamed part, and the extra slot lets the reader fill
+up to one more extent's read of time it would otherwise idle -- the pinned
+tail's compute and the draft's time beyond the reads the ring already holds.
+The ring simulation (lever.cost.cost_model, `simulate_passes(gap_s=...)`)
+gives: while the reader idles for more than a read per pass, each trade saves
+about the traded layer's compute seconds; once the ring covers the idle time
+(depth x read ~ pinned-tail compute + draft), each further trade costs about
+a read.  A trade pays only when flash-bound with idle reader time, gains
+little (a layer's compute), loses a whole read when overdone, and needs
+measured read and compute seconds that the plan, made before any profile,
+does not have.  An integer --prefetch-depth makes that trade explicitly.
 """
 
 from __future__ import annotations
@@ -58,6 +88,25 @@ def parse_rate(text: str | float | int | None) -> float:
     return value
 
 
+AUTO_DEPTH = "auto"
+MIN_AUTO_DEPTH = 2                # slots: one extent computing while the next one is read
+MAX_PREFETCH_DEPTH = 16           # slots at most (auto's cap; the CLI's range)
+
+
+def parse_prefetch_depth(text: str | int) -> int | str:
+    """'auto' or an integer 1..MAX_PREFETCH_DEPTH (read buffers in the ring); DramBudgetError otherwise."""
+    if isinstance(text, str) and text.strip().lower() == AUTO_DEPTH:
+        return AUTO_DEPTH
+    try:
+        depth = int(str(text).strip(), 10)
+    except ValueError:
+        depth = None
+    if isinstance(text, bool) or depth is None or not 1 <= depth <= MAX_PREFETCH_DEPTH:
+        raise DramBudgetError(f"prefetch depth must be 'auto' or an integer from 1 to {MAX_PREFETCH_DEPTH}, "
+                              f"got {text!r}")
+    return depth
+
+
 def fmt_bytes(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -72,6 +121,7 @@ class ResidencyPlan:
     prefetch_depth: int               # read buffers in the ring (0 when nothing is streamed)
     slot_bytes: int                   # size of each read buffer
     fixed: dict[str, int] = field(default_factory=dict)
+    depth_rule: str = ""              # why the ring has prefetch_depth slots
 
     @property
     def pinned_bytes(self) -> int:
@@ -96,6 +146,8 @@ class ResidencyPlan:
     def summary(self) -> dict:
         return {"dram_budget_bytes": self.budget, "dram_planned_bytes": self.used_bytes,
                 "pinned_bytes": self.pinned_bytes, "ring_bytes": self.ring_bytes,
+                "prefetch_depth": self.prefetch_depth, "prefetch_depth_rule": self.depth_rule,
+                "slot_bytes": self.slot_bytes, "unused_bytes": self.budget - self.used_bytes,
                 "fixed_bytes": dict(self.fixed), "pinned_layers": self.pinned_layers,
                 "pinned_extents": [e.name for e in self.pinned],
                 "streamed_extents": len(self.streamed),
@@ -130,32 +182,42 @@ def fixed_costs(m: StoreManifest, dtype_bytes: int, kv_tokens: int, embed_cache_
 
 
 def plan_residency(m: StoreManifest, budget: int, dtype_bytes: int = 2, kv_tokens: int = 2048,
-                   prefetch_depth: int = 2, embed_cache_rows: int = 4096) -> ResidencyPlan:
-    """Pin as many extents as `budget` bytes allow; raise DramBudgetError below the minimum.
-    dtype_bytes: bytes per KV cache element."""
-    if prefetch_depth < 1:
-        raise DramBudgetError(f"prefetch depth must be at least 1, got {prefetch_depth}")
+                   prefetch_depth: int | str = AUTO_DEPTH, embed_cache_rows: int = 4096) -> ResidencyPlan:
+    """Pin as many extents as `budget` bytes allow, then size the ring (module doc);
+    raise DramBudgetError below the minimum.  dtype_bytes: bytes per KV cache
+    element; prefetch_depth: read buffers in the ring, or "auto"."""
+    depth = parse_prefetch_depth(prefetch_depth)
+    auto = depth == AUTO_DEPTH
+    floor = MIN_AUTO_DEPTH if auto else depth
     fixed = fixed_costs(m, dtype_bytes, kv_tokens, embed_cache_rows)
     base = sum(fixed.values())
     order = _pin_order(m)
     everything = base + sum(e.length for e in order)
     if budget >= everything:
-        return ResidencyPlan(budget, order, [], 0, 0, fixed)
-    minimum = base + prefetch_depth * max(e.length for e in order)
+        return ResidencyPlan(budget, order, [], 0, 0, fixed, "nothing streamed: every extent is pinned")
+    minimum = base + floor * max(e.length for e in order)
     if budget < minimum:
         parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in fixed.items())
         raise DramBudgetError(
             f"DRAM budget {fmt_bytes(budget)} is below this store's minimum of {fmt_bytes(minimum)} "
-            f"({parts}, {prefetch_depth} read buffers {fmt_bytes(minimum - base)}; "
+            f"({parts}, {floor} read buffers {fmt_bytes(minimum - base)}; "
             f"KV cache sized for {kv_tokens} tokens)")
     pinned: list[Extent] = []
     for i, e in enumerate(order):
         rest = order[i + 1:]
-        ring = prefetch_depth * max(x.length for x in rest) if rest else 0
+        ring = floor * max(x.length for x in rest) if rest else 0
         if base + sum(p.length for p in pinned) + e.length + ring > budget:
             break
         pinned.append(e)
     pinned_names = {e.name for e in pinned}
     streamed = [e for e in pass_order(m) if e.name not in pinned_names]
-    return ResidencyPlan(budget, pinned, streamed, prefetch_depth,
-                         max(e.length for e in streamed), fixed)
+    slot_bytes = max(e.length for e in streamed)
+    if not auto:
+        return ResidencyPlan(budget, pinned, streamed, depth, slot_bytes, fixed, f"given: {depth}")
+    leftover = budget - base - sum(e.length for e in pinned) - floor * slot_bytes
+    cap = min(max(MIN_AUTO_DEPTH, len(streamed)), MAX_PREFETCH_DEPTH)
+    depth = min(floor + leftover // slot_bytes, cap)
+    rule = (f"auto: {MIN_AUTO_DEPTH} + {depth - floor} slots of {fmt_bytes(slot_bytes)} from the "
+            f"{fmt_bytes(leftover)} left after pinning (cap {cap}: {len(streamed)} streamed extents, "
+            f"at most {MAX_PREFETCH_DEPTH})")
+    return ResidencyPlan(budget, pinned, streamed, depth, slot_bytes, fixed, rule)

@@ -208,7 +208,8 @@ class StreamedDecoder(NativeDecoder):
 
     dram_budget: bytes.  dtype: the KV cache's element type ("float32",
     "bfloat16" or the torch dtype of that name).  prefetch_depth: read buffers
-    in the ring.  kv_tokens: tokens the budget reserves KV cache room for.
+    in the ring, or "auto": at least two, more from the budget left after
+    pinning (lever.store.residency).  kv_tokens: tokens the budget reserves KV cache room for.
     max_read_bytes_per_s: pace flash reads to at most this many bytes per
     second (emulates slower flash); 0 = unlimited.  Matrices are always
     multiplied as stored (a type without a kernel needs a bf16 store).
@@ -216,7 +217,7 @@ class StreamedDecoder(NativeDecoder):
     """
 
     def __init__(self, store_dir: str | os.PathLike, dram_budget: int, dtype="bfloat16",
-                 backend: str = "auto", prefetch_depth: int = 2, kv_tokens: int = 2048,
+                 backend: str = "auto", prefetch_depth: int | str = "auto", kv_tokens: int = 2048,
                  direct: bool = True, queue_depth: int = 8,
                  max_read_bytes_per_s: float = 0.0):
         if max_read_bytes_per_s < 0:
@@ -225,22 +226,11 @@ class StreamedDecoder(NativeDecoder):
         self.store_dir = Path(store_dir)
         self.max_read_bytes_per_s = float(max_read_bytes_per_s)
         self.manifest = StoreManifest.load(self.store_dir)
-        self.plan: ResidencyPlan = plan_residency(self.manifest, dram_budget, dtype_bytes(dtype), kv_tokens,
-                                                  prefetch_depth)
-        slot_bytes = self.plan.slot_bytes or self.manifest.globals.length
-        self.reader = FlashReader(self.store_dir / WEIGHTS, slot_bytes=slot_bytes,
-                                  n_slots=max(1, self.plan.prefetch_depth), backend=backend, direct=direct,
-                                  queue_depth=queue_depth, chunk_bytes=self.manifest.chunk_bytes,
-                                  max_bytes_per_s=self.max_read_bytes_per_s)
-        try:
-            stats = StreamStats()
-            weights = StreamedWeights(self.store_dir, self.manifest, self.plan, self.reader, stats)
-        except ValueError as err:          # a layout the native core refuses
-            self.reader.close()
-            raise StoreError(f"{self.store_dir}: {err}") from None
-        except BaseException:
-            self.reader.close()
-            raise
+        self.kv_tokens = kv_tokens
+        self._reader_options = {"backend": backend, "direct": direct, "queue_depth": queue_depth}
+        plan = plan_residency(self.manifest, dram_budget, dtype_bytes(dtype), kv_tokens, prefetch_depth)
+        stats = StreamStats()
+        weights = self._open(plan, stats)
         super().__init__(self.manifest.config, weights, dtype, stats)
         for i, e in enumerate(self.manifest.layers):
             try:
@@ -249,12 +239,45 @@ class StreamedDecoder(NativeDecoder):
                 self.close()
                 raise StoreError(f"{self.store_dir}: extent {e.name}: {err}") from None
 
+    def _open(self, plan: ResidencyPlan, stats: StreamStats) -> StreamedWeights:
+        """The reader and the weight source of `plan` (pinned extents read now)."""
+        self.plan = plan
+        slot_bytes = plan.slot_bytes or self.manifest.globals.length
+        self.reader = FlashReader(self.store_dir / WEIGHTS, slot_bytes=slot_bytes,
+                                  n_slots=max(1, plan.prefetch_depth), chunk_bytes=self.manifest.chunk_bytes,
+                                  max_bytes_per_s=self.max_read_bytes_per_s, **self._reader_options)
+        try:
+            return StreamedWeights(self.store_dir, self.manifest, plan, self.reader, stats)
+        except ValueError as err:          # a layout the native core refuses
+            self.reader.close()
+            raise StoreError(f"{self.store_dir}: {err}") from None
+        except BaseException:
+            self.reader.close()
+            raise
+
+    def replan(self, prefetch_depth: int | str) -> None:
+        """Re-plan the same DRAM budget with another ring depth (an integer trades
+        pinned extents for read buffers; lever.cost.ring_depth chooses it): the
+        old reader and pinned extents are released before the new ones are read,
+        so memory never holds both.  KV caches made by `new_cache` stay valid."""
+        plan = plan_residency(self.manifest, self.plan.budget, dtype_bytes(self.dtype), self.kv_tokens,
+                              prefetch_depth)
+        self.close()
+        self.weights = self._open(plan, self.stats)
+
     def settle(self, poll_s: float = 0.001) -> None:
         """Block until the reads in flight (the ring prefetching the next pass) have
         landed; they stay queued for the next forward.  poll_s: seconds between checks."""
         self.weights.settle(poll_s)
 
     # -- reporting -------------------------------------------------------------
+
+    def io_busy_s(self) -> float:
+        """Seconds since creation or `reset_stats()` with at least one flash read in
+        flight (the ring's prefetches included; embedding rows, read on demand, are
+        not): sampled before and after an interval, the difference is the I/O that
+        interval overlapped, e.g. the share of a draft's time hidden under reads."""
+        return float(self.reader.stats()["busy_s"])
 
     def report(self) -> dict:
         """Run statistics: bytes, seconds, bandwidth, reader backend, residency, peak RSS.

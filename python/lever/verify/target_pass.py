@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import LeverError
 from ..autoregressive import PREFILL_CHUNK, prefill_chunk
 from ..sampling import SamplingParams, head_for, resolve_seed
+from ..store.streamed import StreamedDecoder
 from ..tree import TokenTree
 from .rules import verify_chain_leviathan, verify_greedy, verify_position_draws
 
@@ -73,6 +74,15 @@ class TargetVerifier:
         self.cache = target.new_cache(capacity=capacity)
         self.root: int | None = None
         self.calls = 0               # target passes over trees (prefill excluded)
+
+    def io_busy_s(self) -> float:
+        """Cumulative seconds the target's flash reader has had a read in flight
+        (`StreamedDecoder.io_busy_s`; 0.0 for a resident target).  Sample it
+        around the draft's interval: (busy after - busy before) / draft seconds
+        is the share of drafting hidden under the ring's prefetch of the next pass."""
+        if isinstance(self.target, StreamedDecoder):
+            return self.target.io_busy_s()
+        return 0.0
 
     @property
     def vocab_size(self) -> int:
