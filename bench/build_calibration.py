@@ -30,7 +30,6 @@ table (the recorded trace of tests/test_calibration.py).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -44,6 +43,7 @@ from lever.bench_prompts import load_prompts
 from lever.draft.calibration import AcceptanceCalibration
 from lever.draft.gain_cost import CostCurves, GainCostPolicy
 from lever.engine import SpecConfig
+from lever.files import file_sha256
 from lever.model.registry import find_model
 from lever.sampling import SamplingParams
 from lever.policy import sampling_key, shipped_table_name, SHIPPED_FORMAT
@@ -77,11 +77,7 @@ def model_sha256(name: str) -> str:
     entry = find_model(name)
     if entry is not None:
         return entry.sha256
-    h = hashlib.sha256()
-    with open(name, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_sha256(name)
 
 
 def record(target, drafter, prompts: list[dict], sampling: str, max_new_tokens: int) -> dict:

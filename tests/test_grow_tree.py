@@ -55,11 +55,13 @@ class Universe:
         return p
 
 
-def grow(universe: Universe, verify_s, draft_s, max_nodes: int, max_depth: int, child_accept):
-    """Drive a TreeGrower with the universe as the draft; returns (grower, selection)."""
-    g = TreeGrower(np.asarray(verify_s, dtype=np.float64), np.asarray(draft_s, dtype=np.float64), 0.0,
-                   max_nodes, max_depth)
-    g.begin(7, child_accept)
+def grow(universe: Universe, verify_s, draft_s, max_nodes: int, max_depth: int, child_accept,
+         overhead_s: float = 0.0, root_extra_s: float = 0.0, **grower_kw):
+    """Drive a TreeGrower with the universe as the draft; returns (grower, selection,
+    pool index -> universe node).  grower_kw: e.g. hidden_draft_s."""
+    g = TreeGrower(np.asarray(verify_s, dtype=np.float64), np.asarray(draft_s, dtype=np.float64), overhead_s,
+                   max_nodes, max_depth, **grower_kw)
+    g.begin(7, child_accept, root_extra_s)
     pool_to_universe = {0: 0}
     while True:
         nodes = g.next_expansion()

@@ -31,7 +31,7 @@ from lever.store.residency import (MAX_PREFETCH_DEPTH, MIN_AUTO_DEPTH, parse_pre
                                    plan_residency)
 from lever.store.streamed import StreamedDecoder
 from lever.verify.target_pass import TargetVerifier
-from test_grow_tree import Universe, realistic_case
+from test_grow_tree import Universe, grow, realistic_case
 from test_memory import MiB, _manifest
 from tiny_model import TOKENS, causal, write_tiny_gguf
 
@@ -168,20 +168,9 @@ def test_the_credit_scales_with_the_verify_factor():
 # -- the grower's credit ------------------------------------------------------------------
 
 def drive(universe, verify, draft, max_nodes, max_depth, table, **kw):
-    g = TreeGrower(np.asarray(verify, np.float64), np.asarray(draft, np.float64), 0.003, max_nodes, max_depth,
-                   **kw)
-    g.begin(7, table, 0.002)
-    to_u = {0: 0}
-    while nodes := g.next_expansion():
-        for node in nodes:
-            kids = universe.children[to_u[node]]
-            before = len(g.pool)
-            g.add_children(node, np.arange(len(kids), dtype=np.int32) + 10,
-                           np.log(np.full(len(kids), 0.25, dtype=np.float32)),
-                           np.array([universe.accept[k] for k in kids]))
-            for i in range(before, len(g.pool)):
-                to_u[i] = kids[g.rank(i)]
-    return g, g.select()
+    g, selection, _ = grow(universe, verify, draft, max_nodes, max_depth, table, overhead_s=0.003,
+                           root_extra_s=0.002, **kw)
+    return g, selection
 
 
 @pytest.mark.parametrize("seed", range(6))

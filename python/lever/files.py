@@ -4,6 +4,7 @@ gives a clear error instead of a read that hangs."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -36,3 +37,12 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a plain file"
+
+
+def file_sha256(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
+    """Hex SHA-256 of a file's bytes (a model or its source GGUF)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()

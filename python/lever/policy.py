@@ -40,6 +40,7 @@ from .draft.calibration import AcceptanceCalibration
 from .draft.gain_cost import GainCostPolicy
 from .draft.model_drafter import ModelDrafter
 from .errors import LeverError
+from .files import file_sha256
 from .sampling import SamplingParams
 from .store.streamed import StreamedDecoder
 
@@ -185,11 +186,7 @@ def model_sha256(model_path, cache_dir=None) -> str | None:
     for e in entries:
         if is_verified(e, p, dest):
             return e.sha256
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_sha256(p)
 
 
 def _warn(message: str) -> None:

@@ -39,7 +39,7 @@ def print_header(args, b, kernels: dict) -> None:
     reader = t.report()["reader"] if b.streamed else None
     header = (f"# lever bench: target={b.target_name}"
               + (f" ({m.storage}, {m.weights_bytes / 1e6:,.0f} MB; budget {b.budget / 1e6:,.0f} MB, "
-                 f"{t.plan.pinned_layers}/{m.config.n_layers} layers pinned, "
+                 f"{t.plan.pinned_layers}/{m.config.n_layers} layers pinned, ring {t.plan.prefetch_depth} slots, "
                  f"{t.plan.streamed_bytes_per_pass / 1e6:,.1f} MB streamed per pass; "
                  f"reader {reader['backend']} direct={reader['direct']})"
                  if b.streamed else " (in memory)")
@@ -55,6 +55,8 @@ def print_header(args, b, kernels: dict) -> None:
           + (" (ar added as the reference)" if b.ar_added else "")
           + (f" + {RESIDENT}" if args.resident else ""), flush=True)
     print(f"# page cache: {b.page_cache}", flush=True)
+    if b.streamed:
+        print(f"# read ring: {t.plan.prefetch_depth} slots, {t.plan.depth_rule} (one plan for every mode)", flush=True)
     if b.raw_read_bps:
         print(f"# raw sequential read of the store: {b.raw_read_bps / 2**30:.2f} GiB/s; the I/O bound of a mode is "
               f"its bytes read per token at that rate (column I/O tok/s: the most tokens/s the flash allows)",

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from .. import quant
 from ..errors import StoreError, UnsupportedModelError
+from ..files import file_sha256
 from ..model.gguf_file import GGUFFile
 from ..model.gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, qk_row_order
 from ..model.registry import resolve_model
@@ -144,15 +145,6 @@ def convert(model: str, out_dir: str | os.PathLike, storage: str = "source", for
     return out
 
 
-def _file_sha256(path: Path, chunk_bytes: int = 8 << 20) -> str:
-    """Hex SHA-256 of a file (the source GGUF: what a store was converted from)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _write_store(g: GGUFFile, cfg, storage: str, tmp: Path, progress: bool) -> None:
     llama = cfg.arch == "llama"
     head_name = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
@@ -188,7 +180,7 @@ def _write_store(g: GGUFFile, cfg, storage: str, tmp: Path, progress: bool) -> N
     tokenizer_bytes = json.dumps(tokenizer_meta).encode()
     (tmp / TOKENIZER).write_bytes(tokenizer_bytes)
     source = {"path": str(g.path), "bytes": g.file_size, "name": g.metadata.get("general.name", ""),
-              "file_type": g.metadata.get("general.file_type"), "sha256": _file_sha256(g.path)}
+              "file_type": g.metadata.get("general.file_type"), "sha256": file_sha256(g.path)}
     manifest = StoreManifest(config=cfg, storage=storage, weights_bytes=writer.offset,
                              extents=writer.extents, source=source,
                              tokenizer_sha256=hashlib.sha256(tokenizer_bytes).hexdigest())
