@@ -158,6 +158,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.prompts == "bench" and not args.trace:
         ap.error("tables are learnt from the calibration prompts only (--prompts bench needs --trace)")
+    if args.trace and args.sampling == "both":
+        ap.error("--trace writes one setting's trace: choose --sampling greedy or t0.7")
     settings = list(SAMPLINGS) if args.sampling == "both" else [args.sampling]
     if args.prompts == "calibration":
         prompts = json.loads((ROOT / "python" / "lever" / "data" / "calibration_prompts_v1.json").read_text())["prompts"]

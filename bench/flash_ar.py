@@ -30,6 +30,7 @@ from pathlib import Path
 
 from lever.api import cache_root, store_tokenizer
 from lever.autoregressive import generate_tokens
+from lever.commands import arg_types
 from lever.store.bandwidth import sequential_read
 from lever.store.convert import convert
 from lever.store.flash_reader import drop_page_cache
@@ -66,7 +67,8 @@ def main() -> int:
     ap.add_argument("--dram-budget", default="600MB")
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"])
-    ap.add_argument("--prefetch-depth", type=int, default=2)
+    ap.add_argument("--prefetch-depth", type=arg_types.prefetch_depth, default="auto",
+                    help="read buffers in the ring, 1..16 or auto (2 here: ar has no profile to tune it)")
     ap.add_argument("--torch-reference", action="store_true",
                     help="also decode on the torch resident reference (needs torch; bf16 dense weights)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))

@@ -3,7 +3,7 @@ streamed target re-planned to it (StreamedDecoder.replan)."""
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -33,7 +33,7 @@ def measured(m: StoreManifest, plan, read_s_per_mib: float, compute_s: float, dr
                     streamed[e.name] / MiB * read_s_per_mib if e.name in streamed else 0.0,
                     streamed.get(e.name, 0), [compute_s, compute_s * 1.1])
               for e in m.layers + m.head_parts]
-    return DeviceProfile(key={"plan": plan.prefetch_depth}, n_grid=[1, 16], stages=stages, embed_s=[0.0, 0.0],
+    return DeviceProfile(key={"plan": plan.prefetch_depth, "measure": {"repeats": 5}}, n_grid=[1, 16], stages=stages, embed_s=[0.0, 0.0],
                          draft_grid=[1, 2], draft_s=[draft_s, draft_s], iteration_overhead_s=0.0,
                          prefetch_depth=plan.prefetch_depth)
 
@@ -53,7 +53,6 @@ def test_a_flash_bound_target_with_idle_reads_gets_a_deeper_ring():
     assert choice.predicted_s[choice.depth] <= (1 - MIN_GAIN) * choice.predicted_s[2]
     assert choice.pinned_layers[choice.depth] < choice.pinned_layers[2]
     assert "slots predict" in choice.rule()
-    json.dumps(choice.to_json())
 
 
 def test_a_compute_bound_target_keeps_its_ring():
@@ -131,13 +130,37 @@ def test_tune_ring_caches_the_derived_profile(six_layer_store, tmp_path, monkeyp
         assert model.plan.prefetch_depth > 2 and tuned.prefetch_depth == model.plan.prefetch_depth
         assert lines and "read ring 2 ->" in lines[0]
         assert model.plan.depth_rule.startswith("profile:")
-        assert list((tmp_path / "profiles").glob("*.json"))
-        # the derived profile is found again under the new plan's key
+        assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
+        # never taken for a measurement of that plan: its key says what it was derived from
         from lever.cost.profile import cached_profile
-        assert cached_profile(key_of(model), tmp_path) is not None
+        plain = {**key_of(model), "measure": prof.key["measure"]}
+        assert cached_profile(plain, tmp_path) is None and "derived_from" in tuned.key
+        # found again next time, not derived twice
         monkeypatch.setattr(ring_depth, "derive_profile", lambda *a: pytest.fail("derived twice"))
         model.replan(2)
         again = tune_ring(model, prof, key_of, cache_dir=tmp_path)
-        assert again.prefetch_depth == tuned.prefetch_depth
+        assert again.prefetch_depth == tuned.prefetch_depth and again.key == tuned.key
+        # a new measurement of the source plan derives anew
+        monkeypatch.undo()
+        model.replan(2)
+        newer = tune_ring(model, replace(prof, created="later"), key_of, cache_dir=tmp_path)
+        assert newer.key != tuned.key and len(list((tmp_path / "profiles").glob("*.json"))) == 2
     finally:
         model.close()
+
+
+def test_a_failed_replan_is_one_clear_error_and_closes_cleanly(six_layer_store, monkeypatch):
+    from lever.errors import StoreError
+    from lever.store import streamed
+    m = StoreManifest.load(six_layer_store)
+    budget = sum(store_minimum(m, dtype_bytes=4, kv_tokens=64).values()) + 3 * max(e.length for e in m.layers)
+    model = StreamedDecoder(six_layer_store, budget, "float32", kv_tokens=64)
+
+    def broken(*args, **kwargs):
+        raise OSError("the store went away")
+
+    monkeypatch.setattr(streamed, "StreamedWeights", broken)
+    with pytest.raises(StoreError, match="re-planning the ring to 4 slots failed.*the store went away"):
+        model.replan(4)
+    model.close()                   # nothing left open, nothing closed twice
+    model.close()

@@ -77,7 +77,7 @@ TreeGrower(verify_s, draft_s, overhead_s, max_nodes, max_depth, hidden_draft_s=0
 verify_s[n-1] is the predicted seconds of a target pass over n tree tokens (root
 included), draft_s[f-1] of a draft forward over f nodes, overhead_s fixed seconds
 per iteration, hidden_draft_s draft seconds hidden under the target's prefetch
-reads (CostModel.hidden_draft_s; not charged): one number, or an array with
+reads (CostModel.hidden_draft_curve; not charged): one number, or an array with
 entry n-1 for a pass over n tokens (the last entry holds past its end).
 Maximises expected tokens per second, (1 + sum of calibrated path
 probabilities) / (max(0, draft seconds - hidden_draft_s(n)) + verify_s(n) +

@@ -37,7 +37,7 @@
 // hidden_draft_s is the drafting a streamed target's prefetch ring hides:
 // while the draft runs, the reader fills the ring's free slots with the next
 // pass's extents, so that pass stalls that much less (lever.cost.cost_model,
-// CostModel.hidden_draft_s). It depends on the pass: a pass over n tokens that
+// CostModel.hidden_draft_curve). It depends on the pass: a pass over n tokens that
 // waits on flash gains from reads done ahead, a compute-bound one does not; so
 // it is one value per n (entry n-1; the last entry holds for larger n). Empty
 // or 0 (the default) charges every draft second.

@@ -141,8 +141,8 @@ def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str 
     Quantised matrices are multiplied straight from the read buffers by the
     native kernels.
     max_read_bytes_per_s caps flash reads (bytes/s or '200MB/s'; 0 = unlimited).
-    prefetch_depth: read buffers in the ring, 1..16, or "auto" (at least 2, more
-    where the budget leaves room after pinning).
+    prefetch_depth: read buffers in the ring, 1..16, or "auto" (2; mode lever
+    then chooses the depth from the profile, lever.cost.ring_depth).
     tokenizer: the store's tokenizer when already loaded (`store_tokenizer`)."""
     from .store.residency import parse_rate, parse_size
     from .store.streamed import StreamedDecoder

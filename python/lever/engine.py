@@ -192,10 +192,10 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
             else:
                 verdict = verifier.verify(tree, grown.draft_probs)
             accepted, next_token = verdict.accepted, verdict.next_token
-            t3 = time.perf_counter()
+            t3, busy3 = time.perf_counter(), verifier.io_busy_s()
             if drafter is not None:
                 drafter.commit(tree, accepted, next_token)
-            t4 = time.perf_counter()
+            t4, busy4 = time.perf_counter(), verifier.io_busy_s()
             stats.iterations += 1
             stats.draft_nodes += len(tree) - 1
             stats.accepted += len(accepted)
@@ -204,7 +204,7 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
             if busy0 is None or stats.draft_io_s is None:
                 stats.draft_io_s = None
             else:
-                stats.draft_io_s += busy1 - busy0
+                stats.draft_io_s += (busy1 - busy0) + (busy4 - busy3)
             stats.verify_s += verdict.verify_s
             stats.stall_s += verdict.stall_s
             stats.bytes_read += verdict.bytes_read

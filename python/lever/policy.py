@@ -158,7 +158,7 @@ def model_sha256(model_path, cache_dir=None) -> str | None:
     """SHA-256 of the GGUF a model is (a file) or was converted from (a flash
     store whose manifest's `source` records it: its `sha256`, else the source
     GGUF if it is still there).  A file the size of a registered model is
-    matched by the registry's verification record (else hashed once); any
+    matched by the registry's verification record (else hashed, on each call); any
     other model has no shipped table: None."""
     from .api import cache_root
     from .model.assemble import is_verified

@@ -116,7 +116,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     from ..policy import save_calibration
     from .bench_aggregate import summarize
     from .bench_plot import plot
-    from .bench_report import print_checks, print_header, print_lever, print_table, result_document, write_outputs
+    from .bench_report import (print_ahead, print_checks, print_header, print_lever, print_table, result_document,
+                               write_outputs)
     from .bench_runs import check_against_ar, mode_runs, timed_runs
     from .bench_setup import load_draft, load_target, plan_bench, warm_up
     from .generate import kernel_info
@@ -134,6 +135,7 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     aggregates, resident_agg = summarize(b, runs, raw, checks, memory, resident_asked=args.resident)
     print_table(aggregates, resident_agg, b.streamed)
     print_lever(aggregates)
+    print_ahead(aggregates)
     for pol in b.policies:
         save_calibration(pol)
     print_checks(b.params, checks)

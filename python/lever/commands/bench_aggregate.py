@@ -40,6 +40,7 @@ def aggregate(label: str, runs: list, divergences: list[dict] | None, is_ar: boo
                          "io_stall": round(sum(s.stall_s for s in stats), 4),
                          "accept": round(sum(s.accept_s for s in stats), 4)},
         "draft_hidden_under_io": _hidden_share(stats),
+        **({"draft_ahead": _ahead_totals(stats)} if any(s.ahead is not None for s in stats) else {}),
         "per_category": {c: totals([x for x in runs if x[0]["category"] == c])
                          for c in dict.fromkeys(x[0]["category"] for x in runs)},
     }
@@ -60,6 +61,16 @@ def _hidden_share(stats: list) -> float | None:
         return None
     draft = sum(s.draft_s for s in stats)
     return round(min(1.0, sum(s.draft_io_s for s in stats) / draft), 4) if draft > 0 else 0.0
+
+
+def _ahead_totals(stats: list) -> dict:
+    """Draft-ahead counters summed over the runs (lever.draft.ahead.AheadStats)."""
+    from ..draft.ahead import AheadStats
+    total = AheadStats()
+    for s in (s.ahead for s in stats if s.ahead is not None):
+        for name in AheadStats.__dataclass_fields__:
+            setattr(total, name, getattr(total, name) + getattr(s, name))
+    return {**total.to_json(), "iterations": sum(s.iterations for s in stats)}
 
 
 def summarize(b, runs: list, raw: dict[str, list], checks: dict[str, list[dict]], memory: dict[str, dict],

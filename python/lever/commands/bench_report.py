@@ -117,6 +117,17 @@ def print_lever(aggregates: dict) -> None:
               f"{lv['cost_drift']['refits']}", flush=True)
 
 
+def print_ahead(aggregates: dict) -> None:
+    """One line per mode that drafted ahead: forwards, reuse, what ran beside the verification."""
+    for a in aggregates.values():
+        da = a.get("draft_ahead")
+        if da:
+            print(f"# {a['mode']}: drafted ahead {da['forwards']} forwards ({da['drafting_s']:.2f} s, "
+                  f"{100 * da['hidden_share']:.0f}% beside the target's pass); the next tree reused them in "
+                  f"{da['reused_iterations']} of {da['iterations']} iterations ({da['reused_nodes']} expansions)",
+                  flush=True)
+
+
 def print_checks(params, checks: dict[str, list[dict]]) -> None:
     """The sampled-check note, and a warning for runs that differ from ar without a near-tie."""
     if not params.greedy:

@@ -40,8 +40,8 @@ def add_reader_options(p) -> None:
                    help="flash reader backend (auto: io_uring, else a pread thread pool)")
     p.add_argument("--prefetch-depth", type=arg_types.prefetch_depth, default="auto", metavar="K|auto",
                    help=f"read buffers in the flash reader's ring (extents in flight ahead of the computing "
-                        f"layer), 1..{MAX_PREFETCH_DEPTH}, or auto: at least 2, plus what the DRAM budget leaves "
-                        f"after pinning (default auto)")
+                        f"layer), 1..{MAX_PREFETCH_DEPTH}, or auto: 2, and in mode lever the depth whose simulated "
+                        f"iteration is fastest under the same DRAM budget, from the profile (default auto)")
     p.add_argument("--read-limit", type=arg_types.read_rate, default="0", metavar="RATE",
                    help=f"cap flash reads (and the loading of pinned layers) to emulate slower flash, e.g. "
                         f"200MB/s, 1.5GiB/s or bytes/s; at least {MIN_READ_RATE / 1e6:g}MB/s (default 0 = unlimited)")

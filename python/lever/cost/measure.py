@@ -230,7 +230,7 @@ def validate_curve(run: Run, points: list[PointTimes], repeats: int, say, curve:
             verdict = (f"profile: validation {curve} {var}={point.n}: stored {point.total_s * 1e3:.1f} ms, "
                        f"check {check * 1e3:.1f} ms (beyond {tol:.0%})")
             if attempt == VALIDATION_RETRIES:
-                say(f"{verdict}: still disagrees after {attempt} re-measurements; keeping the last")
+                say(f"{verdict}: still disagrees after {attempt} re-measurements; keeping the faster")
                 break
             again = measure_point(run, point.n, repeats)
             if again.total_s < point.total_s:        # contention only slows a run: keep the faster

@@ -89,6 +89,11 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
     return json.loads(json.dumps(key))          # plain JSON types, as read back from a file
 
 
+def digest(key: dict) -> str:
+    """16 hex digits of the SHA-256 of `key` as canonical JSON."""
+    return _digest(key)
+
+
 def _digest(key: dict) -> str:
     canonical = json.dumps(key, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
@@ -133,9 +138,9 @@ def _write(path: Path, profile: DeviceProfile) -> None:
     os.replace(tmp, path)
 
 
-def cached_profile(key: dict, cache_dir: str | os.PathLike | None = None, **measure_kwargs) -> DeviceProfile | None:
-    """The cached profile for `key` (+ the measurement settings), or None (a bad file is warned about)."""
-    key = full_key(key, **measure_kwargs)
+def cached_profile(key: dict, cache_dir: str | os.PathLike | None = None) -> DeviceProfile | None:
+    """The cached profile with exactly this full key (measurement settings
+    included, see `full_key`), or None (a bad file is warned about)."""
     return _read_cached(profile_path(key, cache_dir), key)
 
 

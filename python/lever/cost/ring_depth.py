@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..errors import DramBudgetError
 from ..store.residency import MAX_PREFETCH_DEPTH, ResidencyPlan, plan_residency
 from .cost_model import CostModel, simulate_passes
 from .device_profile import DeviceProfile, Stage
@@ -59,11 +60,6 @@ class DepthChoice:
         return (f"profile: {self.depth} slots predict {now * 1e3:.0f} ms per iteration against "
                 f"{was * 1e3:.0f} ms with {self.current} ({self.pinned_layers[self.depth]} layers pinned "
                 f"instead of {self.pinned_layers[self.current]})")
-
-    def to_json(self) -> dict:
-        return {"depth": self.depth, "previous": self.current,
-                "predicted_iteration_s": {str(d): round(float(s), 5) for d, s in self.predicted_s.items()},
-                "pinned_layers": {str(d): n for d, n in self.pinned_layers.items()}}
 
 
 def flash_bandwidth(profile: DeviceProfile) -> float:
@@ -102,7 +98,7 @@ def choose_depth(profile: DeviceProfile, plan: ResidencyPlan, manifest, dtype_by
         for depth in range(MIN_DEPTH, MAX_PREFETCH_DEPTH + 1):
             try:
                 candidate = plan_residency(manifest, plan.budget, dtype_bytes, kv_tokens, depth)
-            except Exception:           # the budget cannot hold this many buffers
+            except DramBudgetError:     # the budget cannot hold this many buffers
                 break
             predicted[depth] = predict_iteration_s(profile, candidate, bandwidth)
             pinned[depth] = candidate.pinned_layers
@@ -129,19 +125,27 @@ def derive_profile(profile: DeviceProfile, plan: ResidencyPlan, key: dict) -> De
 def tune_ring(target, profile: DeviceProfile, profile_key_of, cache_dir=None, say=None) -> DeviceProfile:
     """Re-plan the streamed `target` (a StreamedDecoder) with the ring depth
     `choose_depth` picks from `profile`, and return the profile of the plan it
-    runs with: `profile` itself when the depth stays, else the cached profile
-    of the new plan or one derived from `profile` (and cached).
+    runs with: `profile` itself when the depth stays, else a measured profile
+    of the new plan if one is cached, else one derived from `profile` (cached
+    under the new plan's key plus `derived_from`, the digest of `profile`'s
+    key and measurement time, so it is never taken for a measurement and a
+    new measurement of the source makes a new one).
     profile_key_of(target): the profile key of the target's current plan
     (lever.cost.profile.profile_key with the run's settings)."""
     from ..dtypes import dtype_bytes
-    from .profile import cached_profile, full_key, save_profile
+    from .profile import cached_profile, digest, save_profile
 
     choice = choose_depth(profile, target.plan, target.manifest, dtype_bytes(target.dtype), target.kv_tokens)
     if not choice.changed:
+        target.plan.depth_rule = f"{target.plan.depth_rule}; kept by the profile ({choice.rule()})"
         return profile
     target.replan(choice.depth)
     target.plan.depth_rule = choice.rule()
     if say:
         say(f"profile: read ring {choice.current} -> {choice.depth} slots ({choice.rule()})")
-    key = full_key(profile_key_of(target))
+    plain = {**profile_key_of(target), "measure": profile.key["measure"]}
+    measured = cached_profile(plain, cache_dir)
+    if measured is not None:
+        return measured
+    key = {**plain, "derived_from": digest({"key": profile.key, "created": profile.created})}
     return cached_profile(key, cache_dir) or save_profile(derive_profile(profile, target.plan, key), cache_dir)

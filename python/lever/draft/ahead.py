@@ -23,6 +23,7 @@ pass run side by side.
 from __future__ import annotations
 
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -74,17 +75,20 @@ class DraftAhead:
         """`verifier.verify(grown.tree, grown.draft_probs)`, drafting ahead meanwhile."""
         job = self._worker.submit(_timed_verify, self.verifier, grown)
         end = time.perf_counter()
-        for _ in range(self.max_forwards):
-            if job.done():
-                break
-            t0 = time.perf_counter()
-            ran = self.drafter.extend_ahead(grown.tree, self.width, self.params, self.seed)
-            end = time.perf_counter()
-            if not ran:
-                break
-            self.stats.forwards += 1
-            self.stats.nodes += ran
-            self.stats.drafting_s += end - t0
+        try:
+            for _ in range(self.max_forwards):
+                if job.done():
+                    break
+                t0 = time.perf_counter()
+                ran = self.drafter.extend_ahead(grown.tree, self.width, self.params, self.seed)
+                end = time.perf_counter()
+                if not ran:
+                    break
+                self.stats.forwards += 1
+                self.stats.nodes += ran
+                self.stats.drafting_s += end - t0
+        finally:                        # the verification is always joined, even if drafting ahead failed
+            futures.wait([job])
         verdict, verified_at = job.result()
         self.stats.overrun_s += max(0.0, end - verified_at)
         return verdict

@@ -34,8 +34,8 @@ import numpy as np
 from .. import _native
 from ..errors import LeverError
 from ..sampling import SamplingParams
-from .base import NO_TOKEN, Drafter, Grown
 from ..cost.drift import CostDrift
+from .base import NO_TOKEN, Drafter, Grown
 from .calibration import AcceptanceCalibration
 
 CORRECTION_RATE = 0.2          # weight of the newest realised/predicted ratio (in log space)

@@ -41,7 +41,10 @@ about the traded layer's compute seconds; once the ring covers the idle time
 a read.  A trade pays only when flash-bound with idle reader time, gains
 little (a layer's compute), loses a whole read when overdone, and needs
 measured read and compute seconds that the plan, made before any profile,
-does not have.  An integer --prefetch-depth makes that trade explicitly.
+does not have.  So the plan alone never makes it; an integer --prefetch-depth
+makes it explicitly, and in mode lever `auto` makes it once the profile is
+measured (lever.cost.ring_depth: every depth simulated under the same
+budget, the fastest taken).
 """
 
 from __future__ import annotations

@@ -138,7 +138,9 @@ class StreamedWeights:
         return raw[t.offset:t.offset + t.nbytes], release
 
     def close(self) -> None:
-        os.close(self._embed_fd)
+        if self._embed_fd >= 0:
+            os.close(self._embed_fd)
+            self._embed_fd = -1
 
     # -- embedding rows -----------------------------------------------------------
 
@@ -208,8 +210,8 @@ class StreamedDecoder(NativeDecoder):
 
     dram_budget: bytes.  dtype: the KV cache's element type ("float32",
     "bfloat16" or the torch dtype of that name).  prefetch_depth: read buffers
-    in the ring, or "auto": at least two, more from the budget left after
-    pinning (lever.store.residency).  kv_tokens: tokens the budget reserves KV cache room for.
+    in the ring, or "auto": two (the greedy plan leaves less than a slot, see
+    lever.store.residency), re-planned by mode lever from the profile (`replan`).  kv_tokens: tokens the budget reserves KV cache room for.
     max_read_bytes_per_s: pace flash reads to at most this many bytes per
     second (emulates slower flash); 0 = unlimited.  Matrices are always
     multiplied as stored (a type without a kernel needs a bf16 store).
@@ -263,7 +265,12 @@ class StreamedDecoder(NativeDecoder):
         plan = plan_residency(self.manifest, self.plan.budget, dtype_bytes(self.dtype), self.kv_tokens,
                               prefetch_depth)
         self.close()
-        self.weights = self._open(plan, self.stats)
+        self.weights = self.reader = None            # the old pinned extents are freed before the new load
+        try:
+            self.weights = self._open(plan, self.stats)
+        except BaseException as e:
+            raise StoreError(f"{self.store_dir}: re-planning the ring to {prefetch_depth} slots failed ({e}); "
+                             f"this target is closed") from e
 
     def settle(self, poll_s: float = 0.001) -> None:
         """Block until the reads in flight (the ring prefetching the next pass) have
@@ -310,8 +317,11 @@ class StreamedDecoder(NativeDecoder):
         self.reader.reset_stats()
 
     def close(self) -> None:
-        self.reader.close()
-        self.weights.close()
+        """Release the reader and the pinned extents (again: nothing)."""
+        if self.reader is not None:
+            self.reader.close()
+        if self.weights is not None:
+            self.weights.close()
 
 
 def __getattr__(name: str):
