@@ -164,3 +164,10 @@ def test_a_failed_replan_is_one_clear_error_and_closes_cleanly(six_layer_store, 
         model.replan(4)
     model.close()                   # nothing left open, nothing closed twice
     model.close()
+
+
+def test_a_kept_depth_says_so():
+    m = manifest()
+    plan = plan_residency(m, budget_pinning_half(m), prefetch_depth="auto")
+    choice = choose_depth(measured(m, plan, 1e-5, 50e-3, 10e-3), plan, m, 2, 2048)
+    assert choice.rule().startswith(f"profile: {plan.prefetch_depth} slots kept")

@@ -57,6 +57,9 @@ class DepthChoice:
     def rule(self) -> str:
         """One line for the plan's `prefetch_depth_rule`."""
         now, was = self.predicted_s[self.depth], self.predicted_s[self.current]
+        if not self.changed:
+            return (f"profile: {self.current} slots kept ({was * 1e3:.0f} ms per iteration predicted; no depth "
+                    f"from {min(self.predicted_s)} to {max(self.predicted_s)} is {MIN_GAIN:.0%} faster)")
         return (f"profile: {self.depth} slots predict {now * 1e3:.0f} ms per iteration against "
                 f"{was * 1e3:.0f} ms with {self.current} ({self.pinned_layers[self.depth]} layers pinned "
                 f"instead of {self.pinned_layers[self.current]})")
@@ -137,7 +140,7 @@ def tune_ring(target, profile: DeviceProfile, profile_key_of, cache_dir=None, sa
 
     choice = choose_depth(profile, target.plan, target.manifest, dtype_bytes(target.dtype), target.kv_tokens)
     if not choice.changed:
-        target.plan.depth_rule = f"{target.plan.depth_rule}; kept by the profile ({choice.rule()})"
+        target.plan.depth_rule = f"{target.plan.depth_rule}; {choice.rule()}"
         return profile
     target.replan(choice.depth)
     target.plan.depth_rule = choice.rule()
