@@ -34,6 +34,7 @@ from pathlib import Path
 
 from .cost import ring_depth
 from .cost.cost_model import CostModel
+from .cost.measure import printer
 from .cost.identity import model_identity
 from .cost.profile import load_or_measure, profile_key
 from .draft.calibration import AcceptanceCalibration
@@ -71,7 +72,7 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
     profile = load_or_measure(target, drafter.model, key_of(target), cache_dir=cache_dir, force=force_profile,
                               progress=progress)
     if tune_ring and isinstance(target, StreamedDecoder) and target.plan.streamed:
-        profile = ring_depth.tune_ring(target, profile, key_of, cache_dir, _printer(progress))
+        profile = ring_depth.tune_ring(target, profile, key_of, cache_dir, printer(progress))
     path = calibration_path(target_id, draft_path, kernels, dtype, params, cache_dir)
 
     def start():          # no file of the user's yet: the shipped table of the pair, if any
@@ -203,10 +204,3 @@ def save_calibration(policy: GainCostPolicy) -> Path | None:
     tmp.write_text(json.dumps(policy.calibration.to_json()))
     os.replace(tmp, path)
     return path
-
-
-def _printer(progress: bool):
-    def say(line: str) -> None:
-        if progress:
-            print(line, file=sys.stderr, flush=True)
-    return say

@@ -104,7 +104,7 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
     """
     cfg = measure_settings(n_grid, draft_grid, context_tokens, repeats)
     n_grid, draft_grid, ctx, repeats = cfg["n_grid"], cfg["draft_grid"], cfg["context_tokens"], cfg["repeats"]
-    say = _printer(progress)
+    say = printer(progress)
     t_start = time.perf_counter()
     rng = np.random.default_rng(0)
     streamed = hasattr(target, "plan")
@@ -246,7 +246,8 @@ def validate_curve(run: Run, points: list[PointTimes], repeats: int, say, curve:
     return records
 
 
-def _printer(progress: bool):
+def printer(progress: bool):
+    """say(line): a progress line on stderr when `progress`, else nothing."""
     def say(line: str) -> None:
         if progress:
             print(line, file=sys.stderr, flush=True)

@@ -71,24 +71,35 @@ def flash_bandwidth(profile: DeviceProfile) -> float:
     return sum(s.io_bytes for s in profile.stages if s.streamed) / seconds if seconds > 0 else 0.0
 
 
-def typical_draft_s(profile: DeviceProfile) -> float:
-    """Seconds of the draft per iteration assumed for the choice (see module doc)."""
-    return TYPICAL_DRAFT_FORWARDS * float(CostModel(profile).draft_s(2)[1])
+@dataclass(frozen=True)
+class TypicalIteration:
+    """What the choice predicts for every depth, computed once from the profile:
+    stage compute seconds of a pass over n tokens (pass order), the embedding's
+    seconds, and the draft's seconds before the pass (the reader's idle gap)."""
+
+    n: int
+    compute_s: list
+    embed_s: float
+    gap_s: float
+
+    @classmethod
+    def of(cls, profile: DeviceProfile, n: int = TYPICAL_TREE_TOKENS) -> "TypicalIteration":
+        model = CostModel(profile)
+        compute = model.stage_compute_s(np.array([float(n)]))
+        embed = float(model.compute_s(n)[n - 1]) - float(np.sum([c[0] for c in compute]))
+        gap = TYPICAL_DRAFT_FORWARDS * float(model.draft_s(2)[1])
+        return cls(n, compute, max(0.0, embed), gap)
 
 
-def predict_iteration_s(profile: DeviceProfile, plan: ResidencyPlan, bandwidth: float,
-                        n: int = TYPICAL_TREE_TOKENS, gap_s: float | None = None) -> float:
-    """Seconds of one iteration (draft gap + a pass over n tokens) if the target
-    ran under `plan`, from `profile`'s compute and `bandwidth` for every read."""
-    model = CostModel(profile)
-    compute = model.stage_compute_s(np.array([float(n)]))
+def predict_iteration_s(profile: DeviceProfile, work: TypicalIteration, plan: ResidencyPlan,
+                        bandwidth: float) -> float:
+    """Seconds of `work`'s iteration (draft gap + pass) if the target ran under
+    `plan`, every read at `bandwidth` bytes per second."""
     streamed = {e.name: e.length for e in plan.streamed}
     io = [streamed.get(s.name, 0) / bandwidth for s in profile.stages]
     flags = [s.name in streamed for s in profile.stages]
-    gap = typical_draft_s(profile) if gap_s is None else gap_s
-    ring = simulate_passes(io, compute, flags, plan.prefetch_depth, gap_s=gap)
-    embed = model.compute_s(n)[n - 1] - float(np.sum([c[0] for c in compute]))
-    return float(ring[0]) + max(0.0, embed)
+    ring = simulate_passes(io, work.compute_s, flags, plan.prefetch_depth, gap_s=work.gap_s)
+    return float(ring[0]) + work.embed_s
 
 
 def choose_depth(profile: DeviceProfile, plan: ResidencyPlan, manifest, dtype_bytes: int,
@@ -98,16 +109,19 @@ def choose_depth(profile: DeviceProfile, plan: ResidencyPlan, manifest, dtype_by
     current = plan.prefetch_depth
     predicted, pinned = {}, {}
     if bandwidth > 0:
+        work = TypicalIteration.of(profile)
         for depth in range(MIN_DEPTH, MAX_PREFETCH_DEPTH + 1):
             try:
                 candidate = plan_residency(manifest, plan.budget, dtype_bytes, kv_tokens, depth)
             except DramBudgetError:     # the budget cannot hold this many buffers
                 break
-            predicted[depth] = predict_iteration_s(profile, candidate, bandwidth)
+            predicted[depth] = predict_iteration_s(profile, work, candidate, bandwidth)
             pinned[depth] = candidate.pinned_layers
+        if current not in predicted:
+            predicted[current] = predict_iteration_s(profile, work, plan, bandwidth)
     if current not in predicted:
-        predicted[current] = predict_iteration_s(profile, plan, bandwidth) if bandwidth > 0 else 0.0
-        pinned[current] = plan.pinned_layers
+        predicted[current] = 0.0
+    pinned.setdefault(current, plan.pinned_layers)
     best = min(predicted, key=lambda d: (predicted[d], d))
     if predicted[best] > (1.0 - MIN_GAIN) * predicted[current]:
         best = current
