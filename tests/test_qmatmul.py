@@ -237,3 +237,29 @@ def test_bad_isa_environment():
     run = subprocess.run([sys.executable, "-c", "from lever import _native; _native.kernel_isa()"],
                          env=env, capture_output=True, text=True)
     assert run.returncode != 0 and "unknown kernel instruction set" in run.stderr
+
+
+ALL_ISAS = ("scalar", "avx2", "avx512", "neon", "dotprod", "i8mm")
+
+
+@pytest.mark.parametrize("name", [n for n in ALL_ISAS if n not in ISAS])
+def test_an_isa_this_cpu_cannot_run_is_refused(name):
+    """Forcing an instruction set of the other architecture (or one this CPU
+    lacks) is an error naming it, never a silent fallback to another kernel."""
+    env = dict(os.environ, LEVER_KERNEL_ISA=name)
+    run = subprocess.run([sys.executable, "-c", "from lever import _native; _native.kernel_isa()"],
+                         env=env, capture_output=True, text=True)
+    assert run.returncode != 0 and f"LEVER_KERNEL_ISA={name}: this CPU cannot run" in run.stderr
+    with pytest.raises(ValueError, match="cannot run|not available"):
+        _native.set_kernel_isa(name)
+
+
+def test_every_isa_name_is_known():
+    """The names the documentation lists are the ones the kernels accept."""
+    for name in ALL_ISAS:
+        if name in ISAS:
+            _native.set_kernel_isa(name)
+            assert _native.kernel_isa() == name
+    _native.set_kernel_isa("auto")
+    with pytest.raises(ValueError, match="neon, dotprod, i8mm"):
+        _native.set_kernel_isa("sve")

@@ -23,13 +23,6 @@ using lever::Isa;
 using lever_bindings::base_format;
 using lever_bindings::float_or_bf16;
 
-Isa parse_isa(const std::string& name) {
-  for (Isa isa : {Isa::kAuto, Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (name == lever::isa_name(isa)) return isa;
-  }
-  throw py::value_error("unknown instruction set '" + name + "' (auto, scalar, avx2, avx512)");
-}
-
 // Element type of a 2-D activation / output array: float32, or uint16 holding
 // bf16 bits. Rows may be strided; values within a row must be contiguous.
 ElemType matrix_type(const py::buffer_info& info, const char* what) {
@@ -83,7 +76,7 @@ void quant_matmul(const py::buffer& x, const py::buffer& w, int qtype, const py:
                           " x " + std::to_string(K) + " " + lever::type_name(qtype) +
                           " matrix has " + std::to_string(expected));
   }
-  const Isa chosen = parse_isa(isa);
+  const Isa chosen = lever::isa_from_name(isa);
   py::gil_scoped_release no_gil;
   lever::quant_matmul(xi.ptr, xt, M, K, row_stride(xi), static_cast<const uint8_t*>(wi.ptr), qtype,
                       N, yi.ptr, yt, row_stride(yi), chosen);
@@ -144,7 +137,7 @@ void attention(const py::buffer& q, const py::buffer& k, const py::buffer& v, co
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : lever::kAllIsas) {
     if (lever::isa_available(isa)) out.emplace_back(lever::isa_name(isa));
   }
   return out;
@@ -169,7 +162,8 @@ x:     [M, K] float32, or uint16 holding bf16 bits; rows contiguous.
 w:     uint8 bytes of the [N, K] weight matrix in ggml blocks of `qtype`
        (N * K / block_size * type_size bytes), e.g. a view of a GGUF file.
 out:   writable [M, N] float32 or uint16 (bf16) array.
-isa:   'auto' (the process default, see kernel_isa), 'scalar', 'avx2', 'avx512'.
+isa:   'auto' (the process default, see kernel_isa), 'scalar', or one of
+       available_isas(): 'avx2', 'avx512' on x86-64; 'neon', 'dotprod', 'i8mm' on aarch64.
 Activations are quantised to 8 bits per block first; weights are never
 dequantised into memory. Releases the GIL; runs on the native thread pool.)doc");
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
@@ -184,9 +178,9 @@ A row's output depends only on its query and its unmasked keys/values, never
 on the other rows. Releases the GIL; runs on the native thread pool.)doc");
   m.def("matmul_types", &matmul_types, "ggml type ids that quant_matmul accepts, ascending.");
   m.def("available_isas", &available_isas,
-        "Kernel instruction sets this CPU can run: a subset of scalar, avx2, avx512.");
+        "Kernel instruction sets this CPU can run: scalar, plus avx2 / avx512 (x86-64) or neon / dotprod / i8mm (aarch64).");
   m.def("kernel_isa", [] { return std::string(lever::isa_name(lever::default_isa())); },
         "The instruction set 'auto' resolves to (set_kernel_isa, else LEVER_KERNEL_ISA, else the best).");
-  m.def("set_kernel_isa", [](const std::string& name) { lever::set_default_isa(parse_isa(name)); },
+  m.def("set_kernel_isa", [](const std::string& name) { lever::set_default_isa(lever::isa_from_name(name)); },
         py::arg("isa"), "Make 'auto' mean this instruction set ('auto' restores the default).");
 }

@@ -97,6 +97,7 @@ const char* failure_reason(FailureKind kind) {
     case FailureKind::kShortRead: return "short_read";
     case FailureKind::kChecksum: return "checksum";
     case FailureKind::kCancelled: return "cancelled";
+    case FailureKind::kTimeout: return "timeout";
   }
   return "io";
 }

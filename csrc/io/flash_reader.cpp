@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "io/checksum.h"
+#include "io/fault_injection.h"
 
 namespace lever {
 namespace io {
@@ -148,6 +149,7 @@ struct FlashReader::Extent {
   std::string label;       // "layer 7"; names the extent in errors
   std::vector<uint32_t> crcs;  // expected CRC32C per chunk; empty: not checked
   uint32_t n_chunks = 0;
+  std::vector<uint8_t> chunk_done;  // 1 once chunk i is over (names a stuck read)
 
   // Progress.
   bool started = false;
@@ -181,7 +183,9 @@ FlashReader::FlashReader(const std::string& path, size_t slot_bytes, int n_slots
       chunk_bytes_(options.chunk_bytes),
       queue_depth_(options.queue_depth),
       direct_requested_(options.direct),
-      max_bytes_per_s_(options.max_bytes_per_s) {
+      max_bytes_per_s_(options.max_bytes_per_s),
+      read_timeout_s_(choose_read_timeout(options.read_timeout_s,
+                                          std::getenv("LEVER_IO_TIMEOUT_S"))) {
   if (n_slots < 0 || n_slots > 4096) {
     throw std::invalid_argument("n_slots must be in [0, 4096], got " + std::to_string(n_slots));
   }
@@ -250,13 +254,52 @@ void FlashReader::open_file(bool want_direct) {
   }
 }
 
+IoUringChoice choose_io_uring(const std::string& backend, const char* env_value,
+                              bool allowed_by_default) {
+  IoUringChoice choice;
+  if (backend == "pread") return choice;  // as requested: no reason to give
+  const std::string env = env_value != nullptr ? env_value : "";
+  if (env == "0") {
+    choice.reason = "io_uring disabled by LEVER_IO_URING=0";
+  } else if (env == "1" || (env.empty() && allowed_by_default)) {
+    choice.try_io_uring = true;
+  } else if (env.empty()) {
+    choice.reason =
+        "io_uring is off by default on Android (the app seccomp filter kills a process that "
+        "calls io_uring_setup); set LEVER_IO_URING=1 to try it";
+  } else {
+    throw std::invalid_argument("LEVER_IO_URING must be 0 (never use io_uring) or 1 (try it), got '" +
+                                env + "'");
+  }
+  return choice;
+}
+
+double choose_read_timeout(double option, const char* env_value) {
+  if (!(option >= 0)) {
+    throw std::invalid_argument("read_timeout_s must be > 0 seconds (0: the default), got " +
+                                std::to_string(option));
+  }
+  if (option > 0) return option;
+  if (env_value == nullptr || env_value[0] == '\0') return kDefaultReadTimeoutS;
+  char* end = nullptr;
+  const double v = std::strtod(env_value, &end);
+  if (end == env_value || *end != '\0' || !(v > 0)) {
+    throw std::invalid_argument(std::string("LEVER_IO_TIMEOUT_S must be a number of seconds > 0, got '") +
+                                env_value + "'");
+  }
+  return v;
+}
+
 void FlashReader::create_backend(const ReaderOptions& options) {
+  const FaultPlan faults = fault_plan_from(options.faults);
+  faults_ = faults.spec;
   if (options.backend != "pread") {
-    std::string why;
-    const char* env = std::getenv("LEVER_IO_URING");
-    if (env != nullptr && std::string(env) == "0") {
-      why = "io_uring disabled by LEVER_IO_URING=0";
-    } else {
+    const IoUringChoice choice =
+        choose_io_uring(options.backend, std::getenv("LEVER_IO_URING"), kIoUringAllowedByDefault);
+    std::string why = choice.reason;
+    if (choice.try_io_uring && faults.no_io_uring) {
+      why = "io_uring_setup failed: " + errno_text(ENOSYS) + " (injected fault no_io_uring)";
+    } else if (choice.try_io_uring) {
       IoUringConfig config;
       config.fd = fd_;
       config.direct = direct_;
@@ -264,7 +307,9 @@ void FlashReader::create_backend(const ReaderOptions& options) {
       for (const auto& slot : slots_) {
         config.fixed_buffers.push_back(iovec{slot->buffer.data(), slot->buffer.size()});
       }
-      backend_ = make_io_uring_backend(config, *this, &why, &buffers_reason_);
+      backend_ = make_fault_injecting_backend(faults, *this, [&](ChunkSink& sink) {
+        return make_io_uring_backend(config, sink, &why, &buffers_reason_);
+      });
       if (backend_ != nullptr) {
         registered_buffers_ = !slots_.empty() && buffers_reason_.empty();
         return;
@@ -279,7 +324,9 @@ void FlashReader::create_backend(const ReaderOptions& options) {
   }
   // A pread thread has one read in flight: no more threads than queue_depth.
   pread_threads_ = std::min(options.pread_threads, queue_depth_);
-  backend_ = make_pread_backend(fd_, direct_, pread_threads_, *this);
+  backend_ = make_fault_injecting_backend(faults, *this, [&](ChunkSink& sink) {
+    return make_pread_backend(fd_, direct_, pread_threads_, sink);
+  });
 }
 
 void FlashReader::close() {
@@ -339,6 +386,7 @@ void FlashReader::reset_extent(Extent& e, uint64_t offset, uint64_t length, uint
   e.label = std::move(label);
   e.crcs = std::move(crcs);
   e.n_chunks = count_chunks(length);
+  e.chunk_done.assign(e.n_chunks, 0);
   e.started = true;
   e.chunks_done = 0;
   e.failed = false;
@@ -386,11 +434,32 @@ void FlashReader::submit(int slot, uint64_t offset, uint64_t length,
   start_extent(s.extent);
 }
 
-void FlashReader::await_extent(Extent& e) {
+// Waits for the extent; with `deadline`, throws kTimeout once a whole
+// read_timeout_s window passes without any of its chunks finishing (done_cv_
+// is notified only when an extent completes, so progress is checked at the
+// end of each window: a stuck read is reported after 1 to 2 windows).
+void FlashReader::await_extent(Extent& e, bool deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!e.complete()) {
     const int64_t t0 = now_ns();
-    done_cv_.wait(lock, [&e] { return e.complete(); });
+    if (!deadline) {
+      done_cv_.wait(lock, [&e] { return e.complete(); });
+    } else {
+      const auto window = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::duration<double>(read_timeout_s_));
+      for (;;) {
+        const uint32_t seen = e.chunks_done;
+        const bool moved = done_cv_.wait_for(
+            lock, window, [&e, seen] { return e.complete() || e.chunks_done != seen; });
+        if (e.complete()) break;
+        if (!moved) {
+          wait_s_ += 1e-9 * static_cast<double>(now_ns() - t0);
+          int64_t offset = -1;
+          const std::string message = describe_timeout(e, &offset);
+          throw FlashReadError(FailureKind::kTimeout, message, path_, e.label, offset);
+        }
+      }
+    }
     wait_s_ += 1e-9 * static_cast<double>(now_ns() - t0);
   }
   if (e.failed) {
@@ -412,7 +481,7 @@ SlotView FlashReader::wait(int slot) {
                                   " has no read submitted (call submit first)");
     }
   }
-  await_extent(s.extent);
+  await_extent(s.extent, /*deadline=*/true);
   return SlotView{s.buffer.data(), static_cast<size_t>(s.extent.length)};
 }
 
@@ -438,7 +507,7 @@ void FlashReader::read(uint64_t offset, uint64_t length, uint8_t* out,
   Extent e;
   reset_extent(e, offset, length, out, -1, label, chunk_crcs);
   start_extent(e);
-  await_extent(e);  // returns or throws once every chunk is over
+  await_extent(e, /*deadline=*/false);  // returns or throws once every chunk is over
 }
 
 // read() into memory O_DIRECT cannot target: windows of kStagingBytes go
@@ -469,7 +538,7 @@ void FlashReader::read_staged(uint64_t offset, uint64_t length, uint8_t* out,
     const bool more = pos + window < length;
     if (more) start_part(cur ^ 1, pos + window);
     try {
-      await_extent(part[cur]);
+      await_extent(part[cur], /*deadline=*/false);
     } catch (...) {
       if (more) drain_extent(part[cur ^ 1]);  // its reads target stage[cur ^ 1]
       throw;
@@ -510,7 +579,7 @@ void FlashReader::on_chunk_done(const ChunkRead& chunk, const ChunkResult& resul
   reads_ += 1;
   checksum_s_ += crc_s;
   if (!ok) record_failure_locked(e, chunk, kind, std::move(message));
-  finish_chunk_locked(e);
+  finish_chunk_locked(e, chunk.index);
 }
 
 void FlashReader::on_chunk_cancelled(const ChunkRead& chunk) {
@@ -519,7 +588,7 @@ void FlashReader::on_chunk_cancelled(const ChunkRead& chunk) {
                         std::to_string(chunk.file_offset) + " of " + path_ + " was issued";
   std::lock_guard<std::mutex> lock(mutex_);
   record_failure_locked(e, chunk, FailureKind::kCancelled, std::move(message));
-  finish_chunk_locked(e);
+  finish_chunk_locked(e, chunk.index);
 }
 
 void FlashReader::record_failure_locked(Extent& e, const ChunkRead& chunk, FailureKind kind,
@@ -532,8 +601,25 @@ void FlashReader::record_failure_locked(Extent& e, const ChunkRead& chunk, Failu
   e.failure_message = std::move(message);
 }
 
-void FlashReader::finish_chunk_locked(Extent& e) {
+void FlashReader::finish_chunk_locked(Extent& e, uint32_t chunk_index) {
+  e.chunk_done[chunk_index] = 1;
   if (++e.chunks_done == e.n_chunks) done_cv_.notify_all();
+}
+
+// The timeout error of extent e (under mutex_): names the first chunk whose
+// read is not over, and sets *offset to its file offset.
+std::string FlashReader::describe_timeout(const Extent& e, int64_t* offset) const {
+  uint32_t i = 0;
+  while (i < e.n_chunks && e.chunk_done[i] != 0) ++i;
+  const uint64_t start = static_cast<uint64_t>(i) * chunk_bytes_;
+  const uint64_t bytes = std::min<uint64_t>(chunk_bytes_, e.length - std::min(start, e.length));
+  *offset = static_cast<int64_t>(e.offset + start);
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%g", read_timeout_s_);
+  return e.name() + ": read timed out at offset " + std::to_string(e.offset + start) + " (" +
+         std::to_string(bytes) + " bytes) of " + path_ + ": no read of the extent finished for " +
+         seconds + " s (" + std::to_string(e.chunks_done) + " of " + std::to_string(e.n_chunks) +
+         " chunks done; the device is stuck or far too slow; LEVER_IO_TIMEOUT_S sets the limit)";
 }
 
 std::string FlashReader::describe_failure(const Extent& e, const ChunkRead& chunk,
@@ -576,6 +662,8 @@ ReaderStats FlashReader::stats() const {
   s.chunk_bytes = chunk_bytes_;
   s.pread_threads = pread_threads_;
   s.max_bytes_per_s = max_bytes_per_s_;
+  s.read_timeout_s = read_timeout_s_;
+  s.faults = faults_;
   s.crc32c_implementation = crc32c_implementation();
   s.busy_s = busy_->seconds();
   std::lock_guard<std::mutex> lock(mutex_);

@@ -12,6 +12,15 @@
 // (registered buffers, READ_FIXED) or, where that is missing or blocked,
 // through a pread thread pool; the file is opened with O_DIRECT unless the
 // file system refuses it. Which of these happened is reported in stats().
+//
+// On Android io_uring is not even tried unless LEVER_IO_URING=1: the app
+// seccomp filter kills a process calling io_uring_setup (SIGSYS) instead of
+// failing the call. See choose_io_uring().
+//
+// Nothing waits forever: a wait(slot) that sees no read of its extent
+// finish for read_timeout_s seconds fails with FailureKind::kTimeout, and
+// the backends bound their retries. Faults can be injected for tests
+// (ReaderOptions::faults, LEVER_IO_FAULTS; see io/fault_injection.h).
 #pragma once
 
 #include <condition_variable>
@@ -35,7 +44,45 @@ struct ReaderOptions {
   uint32_t chunk_bytes = 1u << 20;  // bytes per read: a power of two, >= 4096
   int pread_threads = 4;           // threads of the pread backend
   double max_bytes_per_s = 0;      // pace reads to emulate slower flash; 0: unlimited
+  // Seconds wait(slot) may go without any read of its extent finishing
+  // before it fails (kTimeout). 0: LEVER_IO_TIMEOUT_S if set, else
+  // kDefaultReadTimeoutS.
+  double read_timeout_s = 0;
+  // Faults to inject (tests; grammar in io/fault_injection.h). "": those of
+  // LEVER_IO_FAULTS, if set.
+  std::string faults;
 };
+
+// Default of ReaderOptions::read_timeout_s, seconds: generous, since a
+// healthy read of one chunk takes milliseconds.
+constexpr double kDefaultReadTimeoutS = 30.0;
+
+// io_uring is tried by default except on Android, whose app seccomp filter
+// kills the process on io_uring_setup rather than returning an error.
+#if defined(__ANDROID__)
+constexpr bool kIoUringAllowedByDefault = false;
+#else
+constexpr bool kIoUringAllowedByDefault = true;
+#endif
+
+// Whether FlashReader tries io_uring, and if not, why.
+struct IoUringChoice {
+  bool try_io_uring = false;
+  std::string reason;  // why not; "" when trying it or when pread was asked for
+};
+
+// backend: ReaderOptions::backend. env_value: LEVER_IO_URING (nullptr or ""
+// if unset). allowed_by_default: kIoUringAllowedByDefault (a parameter so a
+// test can play Android anywhere). LEVER_IO_URING=0 turns io_uring off on
+// every platform, =1 lets it be tried on every platform (Android included);
+// any other value throws std::invalid_argument.
+IoUringChoice choose_io_uring(const std::string& backend, const char* env_value,
+                              bool allowed_by_default);
+
+// The read timeout in seconds: option if > 0, else LEVER_IO_TIMEOUT_S (env_value,
+// nullptr or "" if unset), else kDefaultReadTimeoutS. Throws
+// std::invalid_argument for a negative option or a bad env value.
+double choose_read_timeout(double option, const char* env_value);
 
 struct ReaderStats {
   // Configuration as it turned out.
@@ -50,6 +97,8 @@ struct ReaderStats {
   uint32_t chunk_bytes = 0;
   int pread_threads = 0;         // 0 with io_uring
   double max_bytes_per_s = 0;
+  double read_timeout_s = 0;     // see ReaderOptions::read_timeout_s
+  std::string faults;            // injected faults in use ("" normally)
   const char* crc32c_implementation = "";
   // Counters since construction or reset_stats().
   uint64_t bytes_read = 0;   // bytes read from the file
@@ -72,6 +121,7 @@ enum class FailureKind {
   kShortRead,    // the file ended before the extent did
   kChecksum,     // a chunk's CRC32C differs from the expected one
   kCancelled,    // the reader was closed before the read was issued
+  kTimeout,      // no read of the extent finished for read_timeout_s seconds
 };
 
 // A read that failed. what() names the label, the file, the file offset of
@@ -116,7 +166,10 @@ class FlashReader final : private ChunkSink {
               std::string label);
 
   // Blocks until the slot's extent is read and verified and returns its
-  // bytes; throws FlashReadError if a chunk failed. May be called again.
+  // bytes; throws FlashReadError if a chunk failed, or (kTimeout) if none
+  // of its reads finished for read_timeout_s seconds -- the reads then stay
+  // in flight: ready(slot) says when they are over, and the slot cannot be
+  // submitted again before. May be called again.
   SlotView wait(int slot);
 
   // True if wait(slot) would not block.
@@ -125,7 +178,8 @@ class FlashReader final : private ChunkSink {
   // Reads [offset, offset + length) into `out` (length bytes) and returns
   // when it is verified (a synchronous submit + wait without a slot). With
   // O_DIRECT, `out` should be 4096-aligned; otherwise the bytes go through
-  // two aligned staging buffers and are copied.
+  // two aligned staging buffers and are copied. Has no deadline: it must
+  // not return while the kernel may still write into `out`.
   void read(uint64_t offset, uint64_t length, uint8_t* out, const std::vector<uint32_t>& chunk_crcs,
             const std::string& label);
 
@@ -162,7 +216,8 @@ class FlashReader final : private ChunkSink {
   void reset_extent(Extent& e, uint64_t offset, uint64_t length, uint8_t* dest,
                     int fixed_buffer, std::string label, std::vector<uint32_t> crcs);
   void start_extent(Extent& extent);
-  void await_extent(Extent& extent);
+  void await_extent(Extent& extent, bool deadline);
+  std::string describe_timeout(const Extent& extent, int64_t* offset) const;
   void drain_extent(Extent& extent);
   void read_staged(uint64_t offset, uint64_t length, uint8_t* out,
                    const std::vector<uint32_t>& chunk_crcs, const std::string& label);
@@ -171,7 +226,7 @@ class FlashReader final : private ChunkSink {
                                FailureKind* kind) const;
   void record_failure_locked(Extent& e, const ChunkRead& chunk, FailureKind kind,
                              std::string message);
-  void finish_chunk_locked(Extent& e);
+  void finish_chunk_locked(Extent& e, uint32_t chunk_index);
   Slot& slot_at(int slot, const char* what);
 
   const std::string path_;
@@ -180,6 +235,8 @@ class FlashReader final : private ChunkSink {
   const int queue_depth_;
   const bool direct_requested_;
   const double max_bytes_per_s_;
+  const double read_timeout_s_;  // seconds; see ReaderOptions
+  std::string faults_;           // the injected-fault plan's text ("" normally)
   int fd_ = -1;
   bool direct_ = false;
   std::string direct_reason_;

@@ -11,6 +11,13 @@
 //     complete, takes the completions off the completion queue (CQ), issues
 //     the next queued chunks at once (so the device never idles while
 //     checksums are computed), then reports the finished chunks to the sink.
+//     With no read in flight it sleeps on a condition variable instead, so
+//     shutdown() never has to wake it through the ring.
+//   - Nothing waits forever on the ring's account: a failed submit takes its
+//     entries back and fails their chunks with the errno; EAGAIN / EINTR
+//     completions are retried at most kMaxTransientRetries times; a short
+//     read goes on only while it makes progress. (A read the kernel never
+//     completes is the FlashReader's deadline's business, see wait().)
 //   - Ring indices are shared with the kernel: we read what the kernel
 //     writes with acquire loads and publish what we write with release
 //     stores, so the entries themselves are visible before the index moves.
@@ -23,6 +30,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -144,6 +152,20 @@ class Ring {
     return 0;
   }
 
+  // Takes back the SQEs published but not taken by the kernel (after a
+  // failed submit) and appends their user_data to *out. Safe because the
+  // kernel reads the SQ only inside io_uring_enter with to_submit > 0 (no
+  // SQPOLL), and those calls hold the same lock as this one.
+  void retract_unsubmitted(std::vector<uint64_t>* out) {
+    const unsigned head = __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE);
+    for (unsigned i = head; i != sqe_tail_; ++i) {
+      out->push_back(sqes_[sq_array_[i & sq_mask_]].user_data);
+    }
+    sqe_tail_ = head;
+    __atomic_store_n(sq_tail_, head, __ATOMIC_RELEASE);
+    unsubmitted_ = 0;
+  }
+
   // Blocks until at least one completion is waiting. 0 or -errno.
   int wait() {
     for (;;) {
@@ -210,8 +232,8 @@ class Ring {
 
 // ---------------------------------------------------------------------------
 
-// user_data of the NOP that wakes the reaper at shutdown (tags are small).
-constexpr uint64_t kWakeUpTag = ~uint64_t{0};
+// How often one chunk's read may come back EAGAIN / EINTR before it fails.
+constexpr uint32_t kMaxTransientRetries = 16;
 
 class IoUringBackend final : public ReadBackend {
  public:
@@ -224,7 +246,7 @@ class IoUringBackend final : public ReadBackend {
 
   // Ring setup and buffer registration; see make_io_uring_backend.
   bool init(const IoUringConfig& config, std::string* error, std::string* buffers_note) {
-    // One SQE per read in flight plus one for the shutdown NOP.
+    // One SQE per read in flight (plus one to spare).
     const int err = ring_.setup(static_cast<unsigned>(config.queue_depth) + 1);
     if (err != 0) {
       *error = "io_uring_setup failed: " + errno_text(-err);
@@ -245,15 +267,22 @@ class IoUringBackend final : public ReadBackend {
   const char* name() const override { return "io_uring"; }
 
   void enqueue(const std::vector<ChunkRead>& chunks) override {
+    std::vector<Finished> failed;  // chunks whose submit failed
+    bool stopping;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!stopping_) {
+      stopping = stopping_;
+      if (!stopping) {
         queued_.insert(queued_.end(), chunks.begin(), chunks.end());
-        issue_queued_locked();
-        return;
+        issue_queued_locked(&failed);
       }
     }
-    for (const ChunkRead& chunk : chunks) sink_.on_chunk_cancelled(chunk);
+    reads_cv_.notify_one();  // reads are in flight: the reaper waits for them
+    if (stopping) {
+      for (const ChunkRead& chunk : chunks) sink_.on_chunk_cancelled(chunk);
+      return;
+    }
+    for (const Finished& f : failed) sink_.on_chunk_done(f.chunk, f.result);
   }
 
   void shutdown() override {
@@ -262,16 +291,9 @@ class IoUringBackend final : public ReadBackend {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
       cancelled.swap(queued_);
-      // With nothing in flight the reaper may be asleep in wait(): wake it
-      // with a NOP. Otherwise it exits once the last read in flight is over.
-      if (reaper_.joinable() && tags_in_use() == 0) {
-        if (io_uring_sqe* sqe = ring_.next_sqe()) {
-          sqe->opcode = IORING_OP_NOP;
-          sqe->user_data = kWakeUpTag;
-          submit_locked();
-        }
-      }
     }
+    // The reaper exits once the reads in flight are over (at once if none).
+    reads_cv_.notify_all();
     for (const ChunkRead& chunk : cancelled) sink_.on_chunk_cancelled(chunk);
     if (reaper_.joinable()) reaper_.join();
     ring_.close();
@@ -281,8 +303,9 @@ class IoUringBackend final : public ReadBackend {
   // One read in flight.
   struct Tag {
     ChunkRead chunk;
-    uint32_t done = 0;  // bytes of the chunk read so far (short reads go on)
-    iovec iov{};        // for IORING_OP_READV
+    uint32_t done = 0;     // bytes of the chunk read so far (short reads go on)
+    uint32_t retries = 0;  // EAGAIN / EINTR completions of this chunk so far
+    iovec iov{};           // for IORING_OP_READV
   };
 
   // A chunk whose read is over, to report to the sink.
@@ -294,24 +317,34 @@ class IoUringBackend final : public ReadBackend {
   size_t tags_in_use() const { return tags_.size() - free_tags_.size(); }
 
   // Issues queued chunks while there is a free tag (queue depth), and
-  // submits them together with any re-issued reads. Holds mutex_.
-  void issue_queued_locked() {
-    while (!free_tags_.empty() && !queued_.empty()) {
-      const uint32_t t = free_tags_.back();
-      free_tags_.pop_back();
-      tags_[t].chunk = queued_.front();
-      tags_[t].done = 0;
-      queued_.pop_front();
-      sink_.on_chunk_issued(tags_[t].chunk);
-      prepare_read_locked(t);
-    }
-    submit_locked();  // no system call when there is nothing new
+  // submits them together with any re-issued reads; chunks that cannot be
+  // submitted go to *failed. A failed submit frees its tags, so the next
+  // queued chunks are tried (and fail) too: none is left queued with no
+  // read in flight to trigger its issue. Holds mutex_.
+  void issue_queued_locked(std::vector<Finished>* failed) {
+    do {
+      while (!free_tags_.empty() && !queued_.empty()) {
+        const uint32_t t = free_tags_.back();
+        free_tags_.pop_back();
+        tags_[t].chunk = queued_.front();
+        tags_[t].done = 0;
+        tags_[t].retries = 0;
+        queued_.pop_front();
+        sink_.on_chunk_issued(tags_[t].chunk);
+        prepare_read_locked(t, failed);
+      }
+    } while (!submit_locked(failed) && !queued_.empty());  // no system call when nothing is new
   }
 
-  // Fills an SQE reading the rest of tag t's chunk. Holds mutex_.
-  void prepare_read_locked(uint32_t t) {
+  // Fills an SQE reading the rest of tag t's chunk (or fails the chunk if
+  // the SQ is full, which the queue depth rules out). Holds mutex_.
+  void prepare_read_locked(uint32_t t, std::vector<Finished>* failed) {
     Tag& tag = tags_[t];
-    io_uring_sqe* sqe = ring_.next_sqe();  // never full: tags < SQ entries
+    io_uring_sqe* sqe = ring_.next_sqe();
+    if (sqe == nullptr) {
+      finish_locked(t, EBUSY, failed);
+      return;
+    }
     sqe->fd = fd_;
     sqe->off = tag.chunk.file_offset + tag.done;
     sqe->len = tag.chunk.length - tag.done;
@@ -331,57 +364,75 @@ class IoUringBackend final : public ReadBackend {
     }
   }
 
-  // Submits the prepared SQEs. Only a broken ring fails here (transient
-  // EAGAIN/EBUSY are retried inside Ring::submit); the entries then stay in
-  // the SQ and the next submit tries them again. Holds mutex_.
-  void submit_locked() { (void)ring_.submit(); }
+  // Submits the prepared SQEs. Transient EAGAIN/EBUSY are retried inside
+  // Ring::submit (bounded); if it still fails, the entries the kernel did
+  // not take are taken back and their chunks fail with that errno, so no
+  // read is left waiting for a completion that cannot come. False if it
+  // failed. Holds mutex_.
+  bool submit_locked(std::vector<Finished>* failed) {
+    const int err = ring_.submit();
+    if (err == 0) return true;
+    std::vector<uint64_t> untaken;
+    ring_.retract_unsubmitted(&untaken);
+    for (uint64_t t : untaken) finish_locked(static_cast<uint32_t>(t), -err, failed);
+    return false;
+  }
+
+  // Tag t's chunk is over (error: 0 or an errno); frees the tag. Holds mutex_.
+  void finish_locked(uint32_t t, int error, std::vector<Finished>* finished) {
+    finished->push_back({tags_[t].chunk, ChunkResult{tags_[t].done, error}});
+    free_tags_.push_back(t);
+  }
 
   // Handles one completion: the chunk is finished (added to *finished) or
   // re-issued for its remaining bytes. Holds mutex_.
   void complete_locked(const io_uring_cqe& cqe, std::vector<Finished>* finished) {
-    if (cqe.user_data == kWakeUpTag) return;
     const auto t = static_cast<uint32_t>(cqe.user_data);
+    if (t >= tags_.size()) return;  // not ours (cannot happen)
     Tag& tag = tags_[t];
     const int res = cqe.res;
-    if (res == -EAGAIN || res == -EINTR) {  // transient: issue the same read again
-      prepare_read_locked(t);
+    if (res == -EAGAIN || res == -EINTR) {  // transient: issue the same read again, a few times
+      if (++tag.retries <= kMaxTransientRetries) {
+        prepare_read_locked(t, finished);
+      } else {
+        finish_locked(t, -res, finished);
+      }
       return;
     }
-    ChunkResult result;
     if (res < 0) {
-      result = {tag.done, -res};
-    } else {
-      tag.done += static_cast<uint32_t>(res);
-      const bool short_read = tag.done < tag.chunk.length;
-      if (short_read && res > 0 &&
-          can_continue_short_read(direct_, tag.chunk.file_offset + tag.done)) {
-        prepare_read_locked(t);  // read the rest
-        return;
-      }
-      result = {tag.done, 0};  // complete, or stopped at the end of the file
+      finish_locked(t, -res, finished);
+      return;
     }
-    finished->push_back({tag.chunk, result});
-    free_tags_.push_back(t);
+    tag.done += static_cast<uint32_t>(res);
+    const bool short_read = tag.done < tag.chunk.length;
+    if (short_read && res > 0 && can_continue_short_read(direct_, tag.chunk.file_offset + tag.done)) {
+      prepare_read_locked(t, finished);  // read the rest (each round makes progress)
+      return;
+    }
+    finish_locked(t, 0, finished);  // complete, or stopped at the end of the file
   }
 
   void reaper_loop() {
     std::vector<Finished> finished;
     for (;;) {
+      {
+        // Nothing in flight: sleep until enqueue() issues reads or shutdown().
+        std::unique_lock<std::mutex> lock(mutex_);
+        reads_cv_.wait(lock, [this] { return stopping_ || tags_in_use() > 0; });
+        if (tags_in_use() == 0) return;  // stopping, and every read is over
+      }
       if (ring_.wait() != 0) {
         // Cannot happen with a valid ring (EINTR is retried); do not spin.
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      bool exit = false;
       finished.clear();
       {
         std::lock_guard<std::mutex> lock(mutex_);
         io_uring_cqe cqe;
         while (ring_.pop(&cqe)) complete_locked(cqe, &finished);
-        issue_queued_locked();  // keep the device busy while we verify
-        exit = stopping_ && tags_in_use() == 0;
+        issue_queued_locked(&finished);  // keep the device busy while we verify
       }
       for (const Finished& f : finished) sink_.on_chunk_done(f.chunk, f.result);
-      if (exit) return;
     }
   }
 
@@ -393,6 +444,7 @@ class IoUringBackend final : public ReadBackend {
   std::thread reaper_;
 
   std::mutex mutex_;  // guards the SQ side of ring_ and the fields below
+  std::condition_variable reads_cv_;  // reads were issued, or stopping_ was set
   std::vector<Tag> tags_;           // one per read that may be in flight
   std::vector<uint32_t> free_tags_;
   std::deque<ChunkRead> queued_;    // chunks waiting for a free tag

@@ -16,15 +16,20 @@ namespace lever {
 namespace io {
 namespace {
 
-// Reads the whole chunk, going on after short reads where that is allowed.
+// How often one chunk's pread may fail with EINTR / EAGAIN before it fails.
+constexpr int kMaxTransientRetries = 16;
+
+// Reads the whole chunk, going on after short reads where that is allowed
+// (each round makes progress, so the loop ends).
 ChunkResult read_chunk(int fd, bool direct, const ChunkRead& chunk) {
   ChunkResult result;
+  int retries = 0;
   while (result.bytes < chunk.length) {
     const uint64_t offset = chunk.file_offset + result.bytes;
     const ssize_t n = ::pread(fd, chunk.dest + result.bytes, chunk.length - result.bytes,
                               static_cast<off_t>(offset));
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if ((errno == EINTR || errno == EAGAIN) && ++retries <= kMaxTransientRetries) continue;
       result.error = errno;
       break;
     }

@@ -58,7 +58,10 @@ class ReadBackend {
   // at once. After shutdown() the chunks are cancelled instead.
   virtual void enqueue(const std::vector<ChunkRead>& chunks) = 0;
   // Cancels chunks not issued yet, waits for the reads in flight, stops the
-  // backend's threads. Safe to call more than once.
+  // backend's threads. Safe to call more than once. (A read the kernel never
+  // completes would keep it waiting: nothing else may free the memory that
+  // read targets. Callers get a timeout error long before, see
+  // FlashReader::wait.)
   virtual void shutdown() = 0;
 };
 

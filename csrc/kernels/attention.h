@@ -36,4 +36,13 @@ void attention(const AttentionShape& s, const void* q, ElemType q_type, size_t q
                size_t kv_row, const uint8_t* mask, float scale, void* out, ElemType out_type,
                size_t out_row);
 
+// The softmax step of attention, exposed for tests: x[i] = exp(x[i] - mx)
+// for i < n (x[i] <= mx; relative error ~1e-7). softmax_numerators is what
+// attention() runs (NEON on aarch64); softmax_numerators_portable is the
+// plain C++ loop. Both give the same bits.
+namespace attention_detail {
+void softmax_numerators(float* x, size_t n, float mx);
+void softmax_numerators_portable(float* x, size_t n, float mx);
+}  // namespace attention_detail
+
 }  // namespace lever

@@ -13,6 +13,14 @@
 // and the best version for the running CPU is picked at load time
 // (GCC/Clang target_clones); elsewhere (aarch64: NEON is baseline) there is one
 // version. Work is split over blocks on the process-wide thread pool.
+//
+// aarch64 (GCC 12 -O3, checked with -fopt-info-vec and objdump): every block
+// kernel's inner loop, BF16 -> fp32 and fp32 -> bf16 rounding are vectorised
+// to ASIMD by the compiler, so they have no hand-written version. F16 -> fp32
+// is vectorised too, but as ~35 integer instructions per 8 values (the
+// branchless bit construction); the hardware conversion (fcvtl) does it in
+// two, so F16 has an explicit NEON kernel (dequant_f16_neon) that gives the
+// same bits as the portable one, NaN payloads included.
 
 #include "kernels/dequant.h"
 
@@ -29,6 +37,10 @@
 #endif
 
 #include "common/multiversion.h"  // LEVER_KERNEL: one version per x86-64 level
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 namespace lever {
 namespace {
@@ -100,9 +112,45 @@ void dequant_f32(const uint8_t* src, float* dst, size_t n_blocks) {
 }
 
 // F16: 1 element in 2 bytes (IEEE binary16).
-LEVER_KERNEL void dequant_f16(const uint8_t* __restrict src, float* __restrict dst,
-                              size_t n_blocks) {
+LEVER_KERNEL void dequant_f16_portable(const uint8_t* __restrict src, float* __restrict dst,
+                                       size_t n_blocks) {
   for (size_t i = 0; i < n_blocks; ++i) dst[i] = half_to_float_branchless(load_u16(src + 2 * i));
+}
+
+#if defined(__aarch64__)
+// 4 fp16 values (the bits in h) -> fp32, as half_to_float: fcvtl is exact
+// for every non-NaN input; a NaN lane is rebuilt from its bits (sign,
+// all-ones exponent, the payload shifted up 13), because fcvtl would set the
+// quiet bit of a signalling NaN (or give the default NaN if FPCR.DN is set).
+inline float32x4_t half4_to_float(uint16x4_t h) {
+  const float32x4_t converted = vcvt_f32_f16(vreinterpret_f16_u16(h));
+  const uint16x4_t em = vand_u16(h, vdup_n_u16(0x7FFF));
+  // All ones in NaN lanes (the 16-bit mask sign-extended to 32 bits).
+  const uint32x4_t nan_mask = vreinterpretq_u32_s32(
+      vmovl_s16(vreinterpret_s16_u16(vcgt_u16(em, vdup_n_u16(0x7C00)))));
+  const uint32x4_t sign = vshlq_n_u32(vmovl_u16(vand_u16(h, vdup_n_u16(0x8000))), 16);
+  const uint32x4_t nan_bits =
+      vorrq_u32(vorrq_u32(sign, vdupq_n_u32(0x7F800000u)), vshlq_n_u32(vmovl_u16(em), 13));
+  return vbslq_f32(nan_mask, vreinterpretq_f32_u32(nan_bits), converted);
+}
+
+void dequant_f16_neon(const uint8_t* __restrict src, float* __restrict dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint16x8_t h = vreinterpretq_u16_u8(vld1q_u8(src + 2 * i));  // any alignment
+    vst1q_f32(dst + i, half4_to_float(vget_low_u16(h)));
+    vst1q_f32(dst + i + 4, half4_to_float(vget_high_u16(h)));
+  }
+  dequant_f16_portable(src + 2 * i, dst + i, n - i);
+}
+#endif
+
+void dequant_f16(const uint8_t* src, float* dst, size_t n_blocks) {
+#if defined(__aarch64__)
+  dequant_f16_neon(src, dst, n_blocks);
+#else
+  dequant_f16_portable(src, dst, n_blocks);
+#endif
 }
 
 // BF16: 1 element in 2 bytes, the top half of an fp32.
@@ -227,9 +275,13 @@ LEVER_KERNEL void dequant_q2_k(const uint8_t* __restrict src, float* __restrict 
         const float ml1 = dmin * static_cast<float>(scales[i + 1] >> 4);
         const uint8_t* q = qs + 32 * h;
         float* y = dst + 128 * h + 32 * s;
-        for (int l = 0; l < 32; ++l) {
-          const float q2 = static_cast<float>((q[l] >> (2 * s)) & 3);
-          y[l] = l < 16 ? dl0 * q2 - ml0 : dl1 * q2 - ml1;
+        // Two loops of 16 (sub-blocks i and i + 1): without the per-element
+        // select they vectorise (the same operations, so the same bits).
+        for (int l = 0; l < 16; ++l) {
+          y[l] = dl0 * static_cast<float>((q[l] >> (2 * s)) & 3) - ml0;
+        }
+        for (int l = 16; l < 32; ++l) {
+          y[l] = dl1 * static_cast<float>((q[l] >> (2 * s)) & 3) - ml1;
         }
       }
     }
@@ -515,6 +567,12 @@ void dequantize_to_bf16(const uint8_t* src, size_t n_bytes, int type, uint16_t* 
 }
 
 float fp16_to_fp32(uint16_t h) { return half_to_float(h); }
+
+void fp16_to_fp32_row(const uint8_t* src, size_t n, float* dst) { dequant_f16(src, dst, n); }
+
+void fp16_to_fp32_row_portable(const uint8_t* src, size_t n, float* dst) {
+  dequant_f16_portable(src, dst, n);
+}
 
 uint16_t fp32_to_bf16(float f) { return float_bits_to_bf16(float_bits(f)); }
 

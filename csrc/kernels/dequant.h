@@ -69,4 +69,11 @@ float fp16_to_fp32(uint16_t h);
 // fp32 -> bf16, round to nearest, ties to even; NaN -> quiet NaN, same sign.
 uint16_t fp32_to_bf16(float f);
 
+// n fp16 values (2 n little-endian bytes at src, any alignment) -> fp32 at
+// dst, on the calling thread; the same bits as fp16_to_fp32 on each value.
+// fp16_to_fp32_row is the fastest version (NEON fcvtl on aarch64, AVX on
+// x86-64); fp16_to_fp32_row_portable the plain C++ one (for tests).
+void fp16_to_fp32_row(const uint8_t* src, size_t n, float* dst);
+void fp16_to_fp32_row_portable(const uint8_t* src, size_t n, float* dst);
+
 }  // namespace lever

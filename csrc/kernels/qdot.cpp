@@ -1,10 +1,16 @@
 // Choosing a dot kernel: which instruction sets this CPU has, and the
 // per-type kernel table (see qdot.h). The kernels themselves are in
-// qdot_kquants.cpp (Q4_K, Q6_K) and qdot_blocks32.cpp (Q8_0, Q5_0, Q4_0, Q4_1).
+// qdot_kquants.cpp (Q4_K, Q6_K) and qdot_blocks32.cpp (Q8_0, Q5_0, Q4_0, Q4_1),
+// and for aarch64 in qdot_kquants_neon.cpp and qdot_blocks32_neon.cpp.
 
 #include "kernels/qdot.h"
 
 #include "kernels/dequant.h"
+
+#include <stdexcept>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 
 namespace lever {
 
@@ -14,9 +20,35 @@ const char* isa_name(Isa isa) {
     case Isa::kScalar: return "scalar";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
+    case Isa::kNeon: return "neon";
+    case Isa::kDotprod: return "dotprod";
+    case Isa::kI8mm: return "i8mm";
   }
   return "unknown";
 }
+
+Isa isa_from_name(const std::string& name) {
+  if (name == isa_name(Isa::kAuto)) return Isa::kAuto;
+  std::string names = "auto";
+  for (Isa isa : kAllIsas) {
+    if (name == isa_name(isa)) return isa;
+    names += std::string(", ") + isa_name(isa);
+  }
+  throw std::invalid_argument("unknown kernel instruction set '" + name + "' (use " + names +
+                              ")");
+}
+
+#if defined(__aarch64__) && defined(__linux__)
+namespace {
+// Feature bits of the kernel's auxiliary vector (asm/hwcap.h); spelled out
+// because older C libraries (and some NDK levels) do not name all of them.
+constexpr unsigned long kHwcapAsimd = 1ul << 1;
+constexpr unsigned long kHwcapAsimdDp = 1ul << 20;
+constexpr unsigned long kHwcap2I8mm = 1ul << 13;
+
+bool has_hwcap(unsigned long type, unsigned long bit) { return (getauxval(type) & bit) != 0; }
+}  // namespace
+#endif
 
 bool isa_available(Isa isa) {
   switch (isa) {
@@ -37,45 +69,66 @@ bool isa_available(Isa isa) {
     case Isa::kAvx512:
       return false;
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+    case Isa::kNeon:
+      return has_hwcap(AT_HWCAP, kHwcapAsimd);
+    case Isa::kDotprod:
+      return has_hwcap(AT_HWCAP, kHwcapAsimd) && has_hwcap(AT_HWCAP, kHwcapAsimdDp);
+    case Isa::kI8mm:
+      return has_hwcap(AT_HWCAP, kHwcapAsimd) && has_hwcap(AT_HWCAP, kHwcapAsimdDp) &&
+             has_hwcap(AT_HWCAP2, kHwcap2I8mm);
+#else
+    case Isa::kNeon:
+    case Isa::kDotprod:
+    case Isa::kI8mm:
+      return false;
+#endif
   }
   return false;
 }
 
 Isa best_isa() {
-  if (isa_available(Isa::kAvx512)) return Isa::kAvx512;
-  if (isa_available(Isa::kAvx2)) return Isa::kAvx2;
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kI8mm, Isa::kDotprod, Isa::kNeon}) {
+    if (isa_available(isa)) return isa;
+  }
   return Isa::kScalar;
 }
 
 namespace {
 
-// One row of the kernel table: a weight type and its kernel per Isa.
+constexpr int kIsaSlots = static_cast<int>(Isa::kI8mm) + 1;
+
+// One row of the kernel table: a weight type and its kernels per Isa
+// (indexed by the Isa's value; nullptr where this build has none).
 struct KernelSet {
   int type;
   bool q8k_activations;
-  DotRowsFn scalar, avx2, avx512;
-  DotTileFn avx512_tile;  // nullptr: none
+  DotRowsFn rows[kIsaSlots];
+  DotTileFn tile[kIsaSlots];
 };
 
 #if defined(__x86_64__)
-#define LEVER_X86(fn) qdot::fn
+#define LEVER_X86_ROWS(t) qdot::t##_avx2, qdot::t##_avx512
+#define LEVER_X86_TILE(t) nullptr, qdot::t##_avx512_tile
 #else
-#define LEVER_X86(fn) nullptr
+#define LEVER_X86_ROWS(t) nullptr, nullptr
+#define LEVER_X86_TILE(t) nullptr, nullptr
 #endif
+#if defined(__aarch64__)
+#define LEVER_ARM_ROWS(t) qdot::t##_neon, qdot::t##_dotprod, qdot::t##_dotprod
+#define LEVER_ARM_TILE(t) nullptr, qdot::t##_dotprod_tile, qdot::t##_i8mm_tile
+#else
+#define LEVER_ARM_ROWS(t) nullptr, nullptr, nullptr
+#define LEVER_ARM_TILE(t) nullptr, nullptr, nullptr
+#endif
+#define LEVER_KERNELS(type_id, q8k, t)                                                    \
+  {type_id, q8k, {nullptr, qdot::t##_scalar, LEVER_X86_ROWS(t), LEVER_ARM_ROWS(t)},     \
+   {nullptr, nullptr, LEVER_X86_TILE(t), LEVER_ARM_TILE(t)}}
 
 const KernelSet kKernels[] = {
-    {kTypeQ4_K, true, qdot::q4_k_scalar, LEVER_X86(q4_k_avx2), LEVER_X86(q4_k_avx512),
-     LEVER_X86(q4_k_avx512_tile)},
-    {kTypeQ6_K, true, qdot::q6_k_scalar, LEVER_X86(q6_k_avx2), LEVER_X86(q6_k_avx512),
-     LEVER_X86(q6_k_avx512_tile)},
-    {kTypeQ8_0, false, qdot::q8_0_scalar, LEVER_X86(q8_0_avx2), LEVER_X86(q8_0_avx512),
-     LEVER_X86(q8_0_avx512_tile)},
-    {kTypeQ5_0, false, qdot::q5_0_scalar, LEVER_X86(q5_0_avx2), LEVER_X86(q5_0_avx512),
-     LEVER_X86(q5_0_avx512_tile)},
-    {kTypeQ4_0, false, qdot::q4_0_scalar, LEVER_X86(q4_0_avx2), LEVER_X86(q4_0_avx512),
-     LEVER_X86(q4_0_avx512_tile)},
-    {kTypeQ4_1, false, qdot::q4_1_scalar, LEVER_X86(q4_1_avx2), LEVER_X86(q4_1_avx512),
-     LEVER_X86(q4_1_avx512_tile)},
+    LEVER_KERNELS(kTypeQ4_K, true, q4_k), LEVER_KERNELS(kTypeQ6_K, true, q6_k),
+    LEVER_KERNELS(kTypeQ8_0, false, q8_0), LEVER_KERNELS(kTypeQ5_0, false, q5_0),
+    LEVER_KERNELS(kTypeQ4_0, false, q4_0), LEVER_KERNELS(kTypeQ4_1, false, q4_1),
 };
 
 const KernelSet* find_kernels(int type) {
@@ -99,13 +152,7 @@ DotRowsFn dot_rows_kernel(int type, Isa isa) {
   if (k == nullptr) return nullptr;
   if (isa == Isa::kAuto) isa = best_isa();
   if (!isa_available(isa)) return nullptr;
-  switch (isa) {
-    case Isa::kScalar: return k->scalar;
-    case Isa::kAvx2: return k->avx2;
-    case Isa::kAvx512: return k->avx512;
-    case Isa::kAuto: break;
-  }
-  return nullptr;
+  return k->rows[static_cast<int>(isa)];
 }
 
 DotTileFn dot_tile_kernel(int type, Isa isa) {
@@ -113,7 +160,7 @@ DotTileFn dot_tile_kernel(int type, Isa isa) {
   if (k == nullptr) return nullptr;
   if (isa == Isa::kAuto) isa = best_isa();
   if (!isa_available(isa)) return nullptr;
-  return isa == Isa::kAvx512 ? k->avx512_tile : nullptr;
+  return k->tile[static_cast<int>(isa)];
 }
 
 }  // namespace lever

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace lever {
 
@@ -72,14 +73,28 @@ using DotTileFn = void (*)(const uint8_t* w, size_t w_stride, int n_w, const uin
                            size_t out_stride);
 
 // Instruction sets a kernel can be built for. kAuto picks the best the
-// running CPU supports.
-enum class Isa : int { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+// running CPU supports. x86-64: AVX2, AVX-512. aarch64: kNeon (baseline
+// ASIMD, every aarch64 CPU), kDotprod (armv8.2-a sdot/udot), kI8mm (dotprod
+// plus the smmla 8-bit matrix multiply of armv8.6-a).
+enum class Isa : int {
+  kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3, kNeon = 4, kDotprod = 5, kI8mm = 6
+};
 
-// Name of an Isa ("scalar", "avx2", "avx512", "auto").
+// Every Isa but kAuto, in order of preference within an architecture.
+constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512,
+                            Isa::kNeon,   Isa::kDotprod, Isa::kI8mm};
+
+// Name of an Isa ("scalar", "avx2", "avx512", "neon", "dotprod", "i8mm", "auto").
 const char* isa_name(Isa isa);
 
+// The Isa named `name` (one of the names above); throws std::invalid_argument
+// naming the valid ones otherwise.
+Isa isa_from_name(const std::string& name);
+
 // True if the running CPU can execute kernels built for `isa` and this build
-// contains them (AVX2 needs avx2, fma, f16c; AVX-512 also avx512f/bw/vl/dq + VNNI).
+// contains them. x86-64 (cpuid): AVX2 needs avx2, fma, f16c; AVX-512 also
+// avx512f/bw/vl/dq + VNNI. aarch64 (getauxval AT_HWCAP / AT_HWCAP2): NEON
+// needs asimd, dotprod asimddp, i8mm also HWCAP2_I8MM.
 bool isa_available(Isa isa);
 
 // The best available Isa on this CPU.
@@ -100,7 +115,10 @@ DotRowsFn dot_rows_kernel(int type, Isa isa);
 DotTileFn dot_tile_kernel(int type, Isa isa);
 
 // Per-type kernels, one set per Isa (defined in qdot_kquants.cpp and
-// qdot_blocks32.cpp: Q8_0, Q5_0, Q4_0, Q4_1). The AVX2 / AVX-512 variants exist on x86-64 builds only.
+// qdot_blocks32.cpp: Q8_0, Q5_0, Q4_0, Q4_1; the aarch64 ones in
+// qdot_kquants_neon.cpp and qdot_blocks32_neon.cpp). The AVX2 / AVX-512
+// variants exist on x86-64 builds only, the NEON ones on aarch64 only.
+// kI8mm uses the dotprod row kernels and has its own (smmla) tile kernels.
 namespace qdot {
 void q4_k_scalar(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
 void q6_k_scalar(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
@@ -133,6 +151,22 @@ void q4_0_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, 
                       size_t);
 void q4_1_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
                       size_t);
+#endif
+#if defined(__aarch64__)
+#define LEVER_DECLARE_NEON(type)                                                              \
+  void type##_neon(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);             \
+  void type##_dotprod(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);          \
+  void type##_dotprod_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, \
+                           float*, size_t);                                                  \
+  void type##_i8mm_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t,    \
+                        float*, size_t);
+LEVER_DECLARE_NEON(q4_k)
+LEVER_DECLARE_NEON(q6_k)
+LEVER_DECLARE_NEON(q8_0)
+LEVER_DECLARE_NEON(q5_0)
+LEVER_DECLARE_NEON(q4_0)
+LEVER_DECLARE_NEON(q4_1)
+#undef LEVER_DECLARE_NEON
 #endif
 }  // namespace qdot
 

@@ -87,14 +87,6 @@ uint8_t* act_scratch(size_t n) {
 
 // -- default Isa ------------------------------------------------------------------
 
-Isa isa_from_name(const std::string& name) {
-  for (Isa isa : {Isa::kAuto, Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (name == isa_name(isa)) return isa;
-  }
-  throw std::invalid_argument("unknown kernel instruction set '" + name +
-                              "' (use auto, scalar, avx2 or avx512)");
-}
-
 std::atomic<int>& chosen_isa() {  // kAuto until set_default_isa picks one
   static std::atomic<int> isa{static_cast<int>(Isa::kAuto)};
   return isa;

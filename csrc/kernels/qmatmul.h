@@ -69,7 +69,7 @@ void quantize_activation_row(const float* x, size_t K, int type, uint8_t* dst);
 size_t act_row_bytes(int type, size_t K);
 
 // The Isa that kAuto resolves to for this process: best_isa(), unless the
-// environment variable LEVER_KERNEL_ISA (scalar / avx2 / avx512) or
+// environment variable LEVER_KERNEL_ISA (scalar / avx2 / avx512 / neon / dotprod / i8mm) or
 // set_default_isa() chose another.
 Isa default_isa();
 // Sets what kAuto means from now on (kAuto: back to the environment / best).

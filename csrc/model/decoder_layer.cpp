@@ -1,4 +1,13 @@
 // Decoder layer (see decoder_layer.h).
+//
+// SIMD: the element-wise steps are plain loops. On aarch64 (GCC 12 -O3,
+// ASIMD baseline; checked with -fopt-info-vec and objdump) the compiler
+// vectorises the rms_norm sum of squares (16 lanes) and scaling, the RoPE
+// rotation and the residual adds, so they have no hand-written NEON. The
+// SwiGLU loop stays scalar: it calls the C library's expf, whose exact bits
+// no vector exp reproduces, and keeping them keeps the native forward equal
+// to the reference (its cost, about 9k expf per token for a 1.5B model, is
+// estimated at a few percent of a layer next to the matmuls; not measured).
 
 #include "model/decoder_layer.h"
 

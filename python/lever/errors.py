@@ -54,8 +54,10 @@ class FlashReadError(LeverError):
     the file, the file offset of the failing chunk and the reason. Attributes
     set by the reader: `label`, `path`, `offset` (bytes, or None) and `reason`
     -- "io" (an errno), "short_read" (the file is truncated), "checksum",
-    "cancelled" (the reader was closed), "open" or "unavailable" (the
-    requested backend cannot be used here).
+    "timeout" (no read of the extent finished within the reader's deadline,
+    seconds: `LEVER_IO_TIMEOUT_S`, default 30), "cancelled" (the reader was
+    closed), "open" or "unavailable" (the requested backend cannot be used
+    here).
     """
 
 

@@ -13,10 +13,19 @@ Units: offsets, lengths and sizes are bytes; times are seconds; bandwidths
 bytes per second.
 
 Reads go through io_uring (registered buffers) or, where io_uring is missing
-or blocked (Android apps: seccomp; or LEVER_IO_URING=0), a pread thread pool.
-The file is opened with O_DIRECT, so the bytes come from the device and not
-from the page cache, unless the file system refuses it; `stats()` says which
-backend and mode are in use and why.
+or blocked (or LEVER_IO_URING=0), a pread thread pool. On Android the pread
+pool is the default and io_uring is not even tried unless LEVER_IO_URING=1
+(the app seccomp filter kills a process calling io_uring_setup). The file is
+opened with O_DIRECT, so the bytes come from the device and not from the
+page cache, unless the file system refuses it; `stats()` says which backend
+and mode are in use and why.
+
+Nothing waits forever: `wait()` fails with FlashReadError (reason "timeout")
+when no read of its extent finished for LEVER_IO_TIMEOUT_S seconds (default
+30). For tests, LEVER_IO_FAULTS injects faults when a reader is made, e.g.
+"eio@<offset>*1,short@<offset>,delay_ms=<n>[@<offset>],no_io_uring" (file
+offsets in bytes; *K: the first K matching reads only; grammar in
+csrc/io/fault_injection.h).
 """
 
 from __future__ import annotations
@@ -91,7 +100,9 @@ class FlashReader:
 
         Returns a read-only uint8 view of the slot buffer (`length` bytes),
         valid until the slot is submitted again. Raises FlashReadError (I/O
-        error, short read) or ChecksumError; ValueError if nothing was submitted.
+        error, short read; "timeout" if no read of the extent finished for
+        LEVER_IO_TIMEOUT_S seconds -- its reads then stay in flight, see
+        ready()) or ChecksumError; ValueError if nothing was submitted.
         """
         return self._native.wait(slot)
 

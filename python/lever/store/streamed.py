@@ -15,6 +15,14 @@ decoder multiplies the kernel block types (Q4_K, Q6_K, Q8_0, ...) of a
 is dequantised.  Embedding rows are read on demand with pread (their chunks'
 CRC32C checked once) and kept in a small cache of stored rows.
 
+A pass that fails part way (a checksum error, EIO, a short or timed-out
+read, an exception in a layer's compute) leaves the target usable: every
+slot it took is given back, and the next pass, finding the ring's reads
+meant for other extents than the one it needs, sets them aside as stale
+(their slots return once their reads land) and restarts the ring at its
+first extent, so it reads everything afresh -- a store repaired between
+the two passes is read as repaired.
+
 This module does not import torch; the torch resident reference of a store
 is `lever.store.torch_reference.load_store_model`.
 """
@@ -32,7 +40,7 @@ import numpy as np
 
 from .. import _native
 from ..dtypes import dtype_bytes
-from ..errors import ChecksumError, StoreError
+from ..errors import ChecksumError, FlashReadError, StoreError
 from ..model.native_decoder import NativeDecoder, PassStats, dtype_name
 from ..model.native_loader import check_token_ids, check_type
 from .flash_reader import FlashReader, aligned_empty, crc32c
@@ -84,9 +92,11 @@ class StreamedWeights:
         self._embed_rows: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._verified_chunks: set[tuple[str, int]] = set()     # (extent, chunk) of embedding rows
         self._streamed = plan.streamed
+        self._position = {e.name: k for k, e in enumerate(self._streamed)}
         self._inflight: collections.deque[tuple[Extent, int]] = collections.deque()
         n_slots = reader.n_slots if self._streamed else 0
         self._free_slots = list(range(n_slots))
+        self._stale: list[int] = []       # slots of reads no pass will use (after a failure), until they land
         self._next = 0
         self._embed_fd = os.open(store_dir / WEIGHTS, os.O_RDONLY | os.O_CLOEXEC)
         self._fill_ring()
@@ -99,28 +109,65 @@ class StreamedWeights:
         return buf
 
     def _fill_ring(self) -> None:
+        if self._stale:
+            self._reclaim_stale()
         while self._free_slots and self._streamed:
             e = self._streamed[self._next % len(self._streamed)]
             self._next += 1
             slot = self._free_slots.pop()
-            self.reader.submit(slot, e.offset, e.length, list(e.chunk_crc32c), e.name)
+            try:
+                self.reader.submit(slot, e.offset, e.length, list(e.chunk_crc32c), e.name)
+            except BaseException:
+                self._free_slots.append(slot)
+                raise
             self._inflight.append((e, slot))
+
+    def _reclaim_stale(self) -> None:
+        """Free the stale slots whose reads are over."""
+        landed = [slot for slot in self._stale if self.reader.ready(slot)]
+        self._stale = [slot for slot in self._stale if slot not in landed]
+        self._free_slots.extend(landed)
+
+    def _restart_at(self, e: Extent) -> None:
+        """Point the ring at extent `e`: what it holds is for other extents (the last
+        pass failed or stopped part way), so those reads become stale and the ring
+        refills from `e` on.  If every slot is still busy with a stale read, wait
+        for the oldest (the reader's timeout bounds the wait: FlashReadError)."""
+        self._stale.extend(slot for _, slot in self._inflight)
+        self._inflight.clear()
+        self._next = self._position[e.name]
+        self._fill_ring()
+        while not self._inflight and self._stale:
+            try:
+                self.reader.wait(self._stale[0])
+            except FlashReadError as err:    # a failed stale read is over all the same
+                if err.reason == "timeout":
+                    raise
+            self._fill_ring()
+        if not self._inflight:               # cannot happen: a pass holds at most one slot at a time
+            raise StoreError(f"no read buffer free for {e.name}")
 
     def settle(self, poll_s: float = 0.001) -> None:
         """Block until the reads in flight have landed (they stay queued for the next pass)."""
-        while not all(self.reader.ready(slot) for _, slot in self._inflight):
+        while not all(self.reader.ready(slot) for slot in [s for _, s in self._inflight] + self._stale):
             time.sleep(poll_s)
 
     def _extent(self, e: Extent):
-        """(bytes of extent `e`, release): from DRAM, or from the ring (waiting counts as stall)."""
+        """(bytes of extent `e`, release): from DRAM, or from the ring (waiting counts as stall).
+        A failed wait leaves the slot stale (its read is over, or still in flight after a timeout)."""
         if e.name in self._pinned:
             return self._pinned[e.name], _no_release
-        expected, slot = self._inflight.popleft()
-        if expected.name != e.name:          # cannot happen unless the pass order changed
-            raise StoreError(f"read ring out of order: expected {expected.name}, need {e.name}")
+        if not self._inflight or self._inflight[0][0].name != e.name:
+            self._restart_at(e)              # the previous pass did not finish
+        _, slot = self._inflight.popleft()
         t0 = time.perf_counter()
-        raw = self.reader.wait(slot)
-        self.stats.stall_s += time.perf_counter() - t0
+        try:
+            raw = self.reader.wait(slot)
+        except BaseException:
+            self._stale.append(slot)
+            raise
+        finally:
+            self.stats.stall_s += time.perf_counter() - t0
         self.stats.streamed_bytes += e.length
         return raw, lambda: self._release(slot)
 
