@@ -129,16 +129,19 @@ def main() -> None:
     parser.add_argument("--a", required=True, help="path of build A's _native extension module")
     parser.add_argument("--b", required=True, help="path of build B's _native extension module")
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds per case")
+    parser.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
+    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES), help="values of M")
     parser.add_argument("--json", default=str(Path(__file__).resolve().parent / "results" / "ab_kernels.json"))
     args = parser.parse_args()
     a, b = Worker(args.a), Worker(args.b)
     print(f"A: {args.a} (isa {a.hello['isa']})\nB: {args.b} (isa {b.hello['isa']})")
     print(f"{'type':<6}{'M':>5}{'A ms':>10}{'B ms':>10}{'A GB/s':>9}{'B GB/s':>9}{'B/A speed':>11}")
     rows = []
-    for name, qtype in TYPES.items():
+    for name in args.types:
+        qtype = TYPES[name]
         if qtype not in a.hello["types"] or qtype not in b.hello["types"]:
             continue
-        for m in BATCHES:
+        for m in args.batches:
             r = measure(a, b, qtype, m, args.rounds)
             rows.append({"type": name, "M": m, **r})
             print(f"{name:<6}{m:>5}{r['a_s'] * 1e3:>10.3f}{r['b_s'] * 1e3:>10.3f}"
