@@ -246,6 +246,28 @@ def test_a_bad_timeout_is_refused(tiny_store, monkeypatch):
         FlashReader(tiny_store[0] / WEIGHTS, 1 << 20, 1)
 
 
+@pytest.mark.parametrize("value", ["inf", "1e10", "nan", "0"])
+def test_an_infinite_or_huge_timeout_is_refused(tiny_store, monkeypatch, value):
+    """A deadline too far to hold in nanoseconds would overflow into 'already past'."""
+    monkeypatch.setenv("LEVER_IO_TIMEOUT_S", value)
+    with pytest.raises(ValueError, match="LEVER_IO_TIMEOUT_S"):
+        FlashReader(tiny_store[0] / WEIGHTS, 1 << 20, 1)
+
+
+def test_injected_faults_and_the_deadline_are_in_the_stats(tiny_store, monkeypatch):
+    """Faults never go unreported: the plan is in stats() and in the fallback
+    reason every report prints; a clean reader reports neither."""
+    path = tiny_store[0] / WEIGHTS
+    monkeypatch.setenv("LEVER_IO_TIMEOUT_S", "12.5")
+    with FlashReader(path, 1 << 20, 1, backend="pread") as reader:
+        s = reader.stats()
+        assert s["faults"] is None and s["read_timeout_s"] == 12.5
+    monkeypatch.setenv("LEVER_IO_FAULTS", "delay_ms=1")
+    with FlashReader(path, 1 << 20, 1, backend="pread") as reader:
+        s = reader.stats()
+        assert s["faults"] == "delay_ms=1" and "injected faults: delay_ms=1" in s["fallback_reason"]
+
+
 # -- the reader alone ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -134,3 +134,26 @@ def test_native_aarch64_under_qemu(tmp_path):
     # qemu-user has no io_uring: the auto backend fell back to pread and said why.
     auto = [r for r in report["flash"] if r["backend_requested"] == "auto"]
     assert auto and all(r["backend"] == "pread" and r["fallback_reason"] for r in auto), auto
+
+
+def test_static_aarch64_kbench_runs_without_a_sysroot(tmp_path):
+    """-DLEVER_STATIC_KBENCH=ON gives a binary that needs no shared libraries
+    (as `adb shell` on a phone runs it): qemu runs it with no -L sysroot, and
+    with no QEMU_CPU / LEVER_EMULATED in the environment it still labels its
+    figures emulated (it sees the host's x86 /proc/cpuinfo)."""
+    _tool("aarch64-linux-gnu-g++")
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    if qemu is None:
+        _missing("qemu-aarch64-static is not installed")
+    build = tmp_path / "build-arm64-static"
+    cmake = _tool("cmake")
+    _run([cmake, "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_TOOLCHAIN_FILE={TOOLCHAIN}",
+          "-DLEVER_BUILD_KBENCH=ON", "-DLEVER_STATIC_KBENCH=ON"])
+    _run([cmake, "--build", build, "-j2", "--target", "lever-kbench"])
+    env = {k: v for k, v in os.environ.items() if k not in ("QEMU_CPU", "LEVER_EMULATED", "QEMU_LD_PREFIX")}
+    json_path = tmp_path / "kbench-static.json"
+    p = _run([qemu, "-cpu", "cortex-a76", build / "lever-kbench", "--quick", "--json", json_path,
+              "--dir", tmp_path], env=env, timeout=600)
+    assert "EMULATED (x86 /proc/cpuinfo" in p.stdout, p.stdout[:500]
+    report = _check_kbench_json(json_path, emulated=True)
+    assert report["arch"] == "aarch64" and report["isa"] == "dotprod"

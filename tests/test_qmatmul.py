@@ -256,10 +256,12 @@ def test_an_isa_this_cpu_cannot_run_is_refused(name):
 
 def test_every_isa_name_is_known():
     """The names the documentation lists are the ones the kernels accept."""
-    for name in ALL_ISAS:
-        if name in ISAS:
-            _native.set_kernel_isa(name)
-            assert _native.kernel_isa() == name
-    _native.set_kernel_isa("auto")
+    try:
+        for name in ALL_ISAS:
+            if name in ISAS:
+                _native.set_kernel_isa(name)
+                assert _native.kernel_isa() == name
+    finally:
+        _native.set_kernel_isa("auto")
     with pytest.raises(ValueError, match="neon, dotprod, i8mm"):
         _native.set_kernel_isa("sve")

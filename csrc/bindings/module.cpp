@@ -151,6 +151,8 @@ py::dict stats_dict(const FlashReader& reader) {
   d["wait_s"] = s.wait_s;
   d["busy_s"] = s.busy_s;
   d["checksum_s"] = s.checksum_s;
+  d["read_timeout_s"] = s.read_timeout_s;
+  d["faults"] = none_if_empty(s.faults);
   return d;
 }
 

@@ -275,17 +275,20 @@ IoUringChoice choose_io_uring(const std::string& backend, const char* env_value,
 }
 
 double choose_read_timeout(double option, const char* env_value) {
-  if (!(option >= 0)) {
-    throw std::invalid_argument("read_timeout_s must be > 0 seconds (0: the default), got " +
-                                std::to_string(option));
+  // At most kMaxReadTimeoutS: a deadline in nanoseconds must fit in 64 bits
+  // (an infinite or huge one would overflow into "already past").
+  if (!(option >= 0 && option <= kMaxReadTimeoutS)) {
+    throw std::invalid_argument("read_timeout_s must be > 0 and <= " +
+                                std::to_string(kMaxReadTimeoutS) +
+                                " seconds (0: the default), got " + std::to_string(option));
   }
   if (option > 0) return option;
   if (env_value == nullptr || env_value[0] == '\0') return kDefaultReadTimeoutS;
   char* end = nullptr;
   const double v = std::strtod(env_value, &end);
-  if (end == env_value || *end != '\0' || !(v > 0)) {
-    throw std::invalid_argument(std::string("LEVER_IO_TIMEOUT_S must be a number of seconds > 0, got '") +
-                                env_value + "'");
+  if (end == env_value || *end != '\0' || !(v > 0 && v <= kMaxReadTimeoutS)) {
+    throw std::invalid_argument(std::string("LEVER_IO_TIMEOUT_S must be a number of seconds > 0 and <= ") +
+                                std::to_string(kMaxReadTimeoutS) + ", got '" + env_value + "'");
   }
   return v;
 }
@@ -692,6 +695,7 @@ std::string ReaderStats::fallback_reason() const {
   add(backend_reason);
   if (direct_requested && !direct) add(direct_reason);
   add(buffers_reason);
+  if (!faults.empty()) add("injected faults: " + faults);  // never measure these unawares
   return out;
 }
 

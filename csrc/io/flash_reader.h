@@ -17,9 +17,12 @@
 // seccomp filter kills a process calling io_uring_setup (SIGSYS) instead of
 // failing the call. See choose_io_uring().
 //
-// Nothing waits forever: a wait(slot) that sees no read of its extent
-// finish for read_timeout_s seconds fails with FailureKind::kTimeout, and
-// the backends bound their retries. Faults can be injected for tests
+// A wait never hangs: a wait(slot) that sees no read of its extent finish
+// for read_timeout_s seconds fails with FailureKind::kTimeout, and the
+// backends bound their retries. Two calls still wait for the kernel without
+// a deadline, because it may be writing into their memory: read() (into the
+// caller's buffer) and close() (for reads in flight); a device whose reads
+// never complete at all can hold them. Faults can be injected for tests
 // (ReaderOptions::faults, LEVER_IO_FAULTS; see io/fault_injection.h).
 #pragma once
 
@@ -56,6 +59,8 @@ struct ReaderOptions {
 // Default of ReaderOptions::read_timeout_s, seconds: generous, since a
 // healthy read of one chunk takes milliseconds.
 constexpr double kDefaultReadTimeoutS = 30.0;
+// The longest read_timeout_s allowed, seconds (about 11.6 days).
+constexpr double kMaxReadTimeoutS = 1e6;
 
 // io_uring is tried by default except on Android, whose app seccomp filter
 // kills the process on io_uring_setup rather than returning an error.
@@ -109,7 +114,7 @@ struct ReaderStats {
   double checksum_s = 0;     // CPU seconds spent computing CRC32C
 
   // Everything that is not as requested (io_uring, O_DIRECT, registered
-  // buffers), "; "-separated; "" if nothing fell back.
+  // buffers) and any injected faults, "; "-separated; "" if none.
   std::string fallback_reason() const;
 };
 

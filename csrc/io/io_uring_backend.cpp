@@ -133,21 +133,26 @@ class Ring {
       unsubmitted_ += sqe_tail_ - published;
       __atomic_store_n(sq_tail_, sqe_tail_, __ATOMIC_RELEASE);  // SQEs first, then the tail
     }
-    int busy_retries = 0;
+    // Every way of not making progress counts against one bound (1000 tries,
+    // about 0.1 s of sleeps at most), so a submit always ends.
+    int stalled_tries = 0;
     while (unsubmitted_ > 0) {
       const long n = syscall(__NR_io_uring_enter, fd_, unsubmitted_, 0, 0, nullptr, 0);
-      if (n >= 0) {
+      if (n > 0) {
         unsubmitted_ -= static_cast<unsigned>(n);
+        stalled_tries = 0;
         continue;
       }
-      if (errno == EINTR) continue;
+      const int err = n == 0 ? EAGAIN : errno;  // took nothing: as if busy
+      if (++stalled_tries >= 1000) return -err;
+      if (err == EINTR) continue;
       // EAGAIN / EBUSY: the kernel is short of memory or of CQ room for a
       // moment; the entries stay in the ring, so try again shortly.
-      if ((errno == EAGAIN || errno == EBUSY) && ++busy_retries < 1000) {
+      if (err == EAGAIN || err == EBUSY) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         continue;
       }
-      return -errno;
+      return -err;
     }
     return 0;
   }

@@ -5,9 +5,12 @@
 // vectorises the rms_norm sum of squares (16 lanes) and scaling, the RoPE
 // rotation and the residual adds, so they have no hand-written NEON. The
 // SwiGLU loop stays scalar: it calls the C library's expf, whose exact bits
-// no vector exp reproduces, and keeping them keeps the native forward equal
-// to the reference (its cost, about 9k expf per token for a 1.5B model, is
-// estimated at a few percent of a layer next to the matmuls; not measured).
+// no vector exp reproduces, and keeping them keeps a row's result the same on
+// every code path of one build (its cost, about 9k expf per token for a 1.5B
+// model, is estimated at a few percent of a layer next to the matmuls; not
+// measured). Bits may differ between architectures: GCC fuses a * b + c here
+// on aarch64 (FMA is baseline) but not on baseline x86-64; exactness is
+// always the target against itself on one machine, never across machines.
 
 #include "model/decoder_layer.h"
 

@@ -20,9 +20,11 @@ opened with O_DIRECT, so the bytes come from the device and not from the
 page cache, unless the file system refuses it; `stats()` says which backend
 and mode are in use and why.
 
-Nothing waits forever: `wait()` fails with FlashReadError (reason "timeout")
-when no read of its extent finished for LEVER_IO_TIMEOUT_S seconds (default
-30). For tests, LEVER_IO_FAULTS injects faults when a reader is made, e.g.
+`wait()` never hangs: it fails with FlashReadError (reason "timeout") when
+no read of its extent finished for LEVER_IO_TIMEOUT_S seconds (default 30,
+at most 1e6). `read()` and `close()` wait for the kernel without a deadline
+(it may still be writing into their memory), so a device whose reads never
+complete at all can hold them. For tests, LEVER_IO_FAULTS injects faults when a reader is made, e.g.
 "eio@<offset>*1,short@<offset>,delay_ms=<n>[@<offset>],no_io_uring" (file
 offsets in bytes; *K: the first K matching reads only; grammar in
 csrc/io/fault_injection.h).

@@ -147,9 +147,13 @@ class StreamedWeights:
         if not self._inflight:               # cannot happen: a pass holds at most one slot at a time
             raise StoreError(f"no read buffer free for {e.name}")
 
-    def settle(self, poll_s: float = 0.001) -> None:
-        """Block until the reads in flight have landed (they stay queued for the next pass)."""
+    def settle(self, poll_s: float = 0.001, timeout_s: float = 120.0) -> None:
+        """Block until the reads in flight have landed (they stay queued for the next pass).
+        poll_s: seconds between checks; StoreError after timeout_s seconds (a stuck device)."""
+        deadline = time.monotonic() + timeout_s
         while not all(self.reader.ready(slot) for slot in [s for _, s in self._inflight] + self._stale):
+            if time.monotonic() > deadline:
+                raise StoreError(f"reads of the weights file still in flight after {timeout_s:g} s")
             time.sleep(poll_s)
 
     def _extent(self, e: Extent):
