@@ -12,6 +12,7 @@ clean. LEVER_IO_TIMEOUT_S sets the read deadline (seconds)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
@@ -233,7 +234,8 @@ def test_lever_io_uring_must_be_0_or_1(tiny_store, monkeypatch):
         FlashReader(path, 1 << 20, 1)
 
 
-@pytest.mark.parametrize("spec", ["eio@", "eio@12x", "short@-1", "delay_ms=fast", "flood@0", "eio@0*"])
+@pytest.mark.parametrize("spec", ["eio@", "eio@12x", "short@-1", "delay_ms=fast", "flood@0", "eio@0*",
+                                  "hang@", "submit_err=ENOMEM", "submit_err=0"])
 def test_a_bad_fault_plan_is_refused_naming_the_item(tiny_store, monkeypatch, spec):
     monkeypatch.setenv("LEVER_IO_FAULTS", f"no_io_uring, {spec}")
     with pytest.raises(ValueError, match=f"bad item '{spec.replace('*', '[*]')}'"):
@@ -307,6 +309,90 @@ def test_reader_timeout_keeps_the_slot_until_its_read_lands(tiny_store, monkeypa
         while not reader.ready(0) and time.monotonic() < deadline:
             time.sleep(0.01)
         np.testing.assert_array_equal(reader.wait(0), data[8192:12288])    # the late read did land
+
+
+# -- reads that never complete; failed submits -------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hung_read_times_out_and_close_abandons_it(tiny_store, monkeypatch, capfd, backend):
+    """hang@: a read that never completes, not even when cancelled. wait() times out, and
+    close() returns at once (< 5 s), reporting the read as abandoned (its slot buffer is leaked)."""
+    path = tiny_store[0] / WEIGHTS
+    monkeypatch.setenv("LEVER_IO_FAULTS", "hang@8192*1")
+    monkeypatch.setenv("LEVER_IO_TIMEOUT_S", "0.5")
+    reader = FlashReader(path, 4096, 1, backend=backend)
+    assert reader.stats()["backend"] == backend and reader.stats()["abandoned_reads"] == 0
+    reader.submit(0, 8192, 4096, None, "page 2")
+    with pytest.raises(FlashReadError, match="page 2: read timed out at offset 8192") as info:
+        reader.wait(0)
+    assert info.value.reason == "timeout" and not reader.ready(0)
+    t0 = time.monotonic()
+    reader.close()
+    assert time.monotonic() - t0 < 5.0
+    assert reader.stats()["abandoned_reads"] == 1 and not reader.ready(0)
+    err = capfd.readouterr().err
+    assert f"abandoned 1 read(s) of {path}" in err and "leaked" in err, err
+
+
+@pytest.fixture
+def silent_fifo(tmp_path):
+    """A FIFO with a writer that never writes: io_uring reads of it wait for ever (a real stuck read)."""
+    fifo = tmp_path / "stuck.fifo"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)   # a writer, so that the reader's open does not block
+    try:
+        yield fifo, fd
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("cancellable", [True, False])
+def test_close_cancels_a_real_stuck_io_uring_read_or_abandons_it(silent_fifo, monkeypatch, capfd, cancellable):
+    """close() sends IORING_OP_ASYNC_CANCEL: the stuck read ends (cancelled) and nothing is abandoned.
+    With no_cancel (a read the kernel cannot cancel) close() gives up after read_timeout_s and abandons it."""
+    fifo, writer = silent_fifo
+    monkeypatch.setenv("LEVER_IO_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("LEVER_IO_FAULTS", "" if cancellable else "no_cancel")
+    try:
+        reader = FlashReader(fifo, 4096, 1, backend="io_uring", direct=False)
+    except FlashReadError as exc:
+        pytest.skip(f"no io_uring here: {exc}")
+    reader.submit(0, 0, 4096, None, "fifo")
+    with pytest.raises(FlashReadError, match="timed out"):
+        reader.wait(0)
+    t0 = time.monotonic()
+    reader.close()
+    assert time.monotonic() - t0 < 5.0
+    if cancellable:
+        assert reader.stats()["abandoned_reads"] == 0 and reader.ready(0)
+        with pytest.raises(FlashReadError, match="closed while the read .* was in flight") as info:
+            reader.wait(0)
+        assert info.value.reason == "cancelled"
+    else:
+        assert reader.stats()["abandoned_reads"] == 1 and not reader.ready(0)
+        assert "abandoned 1 read(s)" in capfd.readouterr().err
+        del reader                                  # the slot buffer stays allocated (leaked)
+        os.write(writer, b"x" * 4096)               # the abandoned read completes now; its result is dropped
+        time.sleep(0.1)
+
+
+def test_an_io_uring_submit_error_fails_the_chunks_naming_the_errno_then_reads_work(tiny_store, monkeypatch):
+    """submit_err: io_uring_enter refuses the reads (ENOMEM here); they are taken back from the ring and fail
+    naming the errno; the next submit, wait and read work. (io_uring only: pread has no submit.)"""
+    path = tiny_store[0] / WEIGHTS
+    data = np.fromfile(path, dtype=np.uint8)
+    n = 64 * 1024
+    monkeypatch.setenv("LEVER_IO_FAULTS", "submit_err=12*1")
+    with FlashReader(path, n, 1, backend="io_uring", chunk_bytes=16 * 1024, queue_depth=2) as reader:
+        reader.submit(0, n, n, None, "part")
+        with pytest.raises(FlashReadError, match=rf"part: could not submit the read at offset {n} .*"
+                                                 r"io_uring_enter failed: .*\(errno 12\)") as info:
+            reader.wait(0)
+        assert info.value.reason == "io" and info.value.offset == n
+        reader.submit(0, n, n, None, "part")
+        np.testing.assert_array_equal(reader.wait(0), data[n:2 * n])
+        np.testing.assert_array_equal(reader.read(n, n, None, None, "part"), data[n:2 * n])
+        assert reader.stats()["abandoned_reads"] == 0
 
 
 # -- the verifier server ------------------------------------------------------------------------

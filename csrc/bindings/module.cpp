@@ -153,6 +153,7 @@ py::dict stats_dict(const FlashReader& reader) {
   d["checksum_s"] = s.checksum_s;
   d["read_timeout_s"] = s.read_timeout_s;
   d["faults"] = none_if_empty(s.faults);
+  d["abandoned_reads"] = s.abandoned_reads;
   return d;
 }
 

@@ -25,8 +25,9 @@ std::string trim(const std::string& s) {
 
 [[noreturn]] void bad_item(const std::string& item, const std::string& why) {
   throw std::invalid_argument("LEVER_IO_FAULTS: bad item '" + item + "': " + why +
-                              " (items: eio@OFFSET, short@OFFSET, delay_ms=N[@OFFSET], "
-                              "no_io_uring; each may end with *K to fire K times)");
+                              " (items: eio@OFFSET, short@OFFSET, delay_ms=N[@OFFSET], hang@OFFSET, "
+                              "submit_err=ERRNO, no_io_uring, no_cancel; each but the last "
+                              "two may end with *K to fire K times)");
 }
 
 // A whole decimal number; bad_item otherwise.
@@ -55,6 +56,9 @@ Fault parse_item(const std::string& item) {
   } else if (rest.rfind("short@", 0) == 0) {
     f.kind = FaultKind::kShort;
     f.offset = parse_count(after("short@"), item);
+  } else if (rest.rfind("hang@", 0) == 0) {
+    f.kind = FaultKind::kHang;
+    f.offset = parse_count(after("hang@"), item);
   } else if (rest.rfind("delay_ms=", 0) == 0) {
     f.kind = FaultKind::kDelay;
     std::string ms = after("delay_ms=");
@@ -87,7 +91,7 @@ class FaultInjectingBackend final : public ReadBackend, private ChunkSink {
     delayer_ = std::thread([this] { delayer_loop(); });
   }
 
-  ~FaultInjectingBackend() override { shutdown(); }
+  ~FaultInjectingBackend() override { shutdown(kDefaultShutdownTimeoutS); }
 
   bool attach(const std::function<std::unique_ptr<ReadBackend>(ChunkSink&)>& make_inner) {
     inner_ = make_inner(*this);
@@ -99,20 +103,28 @@ class FaultInjectingBackend final : public ReadBackend, private ChunkSink {
   void enqueue(const std::vector<ChunkRead>& chunks) override { inner_->enqueue(chunks); }
 
   // Delayed completions are delivered at once from now on; returns when the
-  // real backend has stopped and every completion has been delivered.
-  void shutdown() override {
+  // real backend has stopped and every delayed completion has been
+  // delivered. Hung reads (hang@) are never delivered: they count as
+  // abandoned, with those the real backend gave up on.
+  size_t shutdown(double timeout_s) override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (shut_down_) return abandoned_;
       hurry_ = true;
     }
     delay_cv_.notify_all();
-    if (inner_ != nullptr) inner_->shutdown();  // no completion comes in after this
+    // No completion comes in after this.
+    const size_t inner_abandoned = inner_ != nullptr ? inner_->shutdown(timeout_s) : 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
     }
     delay_cv_.notify_all();
     if (delayer_.joinable()) delayer_.join();
+    std::lock_guard<std::mutex> lock(mutex_);
+    shut_down_ = true;
+    abandoned_ = inner_abandoned + hung_;
+    return abandoned_;
   }
 
  private:
@@ -133,6 +145,7 @@ class FaultInjectingBackend final : public ReadBackend, private ChunkSink {
   void on_chunk_done(const ChunkRead& chunk, const ChunkResult& real) override {
     ChunkResult result = real;
     double delay_s = 0;
+    bool hang = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (Fault& f : faults_) {
@@ -151,7 +164,14 @@ class FaultInjectingBackend final : public ReadBackend, private ChunkSink {
           case FaultKind::kDelay:
             delay_s += f.delay_s;
             break;
+          case FaultKind::kHang:
+            hang = true;
+            break;
         }
+      }
+      if (hang) {  // never delivered: the reader sees a read that never ends
+        ++hung_;
+        return;
       }
       if (delay_s > 0 && !hurry_) {
         const auto due = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -176,7 +196,8 @@ class FaultInjectingBackend final : public ReadBackend, private ChunkSink {
       auto next = std::min_element(late_.begin(), late_.end(),
                                    [](const Late& a, const Late& b) { return a.due < b.due; });
       if (!hurry_ && Clock::now() < next->due) {
-        delay_cv_.wait_until(lock, next->due);
+        const Clock::time_point due = next->due;  // a copy: late_ may grow while we wait
+        delay_cv_.wait_until(lock, due);
         continue;
       }
       const Late late = *next;
@@ -194,6 +215,9 @@ class FaultInjectingBackend final : public ReadBackend, private ChunkSink {
   std::vector<Late> late_;     // delayed completions not delivered yet
   bool hurry_ = false;         // shutting down: deliver late completions now
   bool stop_ = false;          // the real backend has stopped: the delayer may exit
+  size_t hung_ = 0;            // completions held for ever (hang@)
+  bool shut_down_ = false;     // shutdown() is over
+  size_t abandoned_ = 0;       // what it returned
   std::thread delayer_;
   std::unique_ptr<ReadBackend> inner_;  // last: destroyed first, while *this still exists
 };
@@ -212,6 +236,18 @@ FaultPlan parse_fault_plan(const std::string& spec) {
     if (item.empty()) continue;
     if (item == "no_io_uring") {
       plan.no_io_uring = true;
+    } else if (item == "no_cancel") {
+      plan.no_cancel = true;
+    } else if (item.rfind("submit_err=", 0) == 0) {
+      std::string rest = item.substr(std::string("submit_err=").size());
+      const size_t star = rest.rfind('*');
+      if (star != std::string::npos) {
+        plan.submit_err_times = static_cast<int64_t>(parse_count(rest.substr(star + 1), item));
+        rest = rest.substr(0, star);
+      }
+      const uint64_t err = parse_count(rest, item);
+      if (err == 0 || err > 4095) bad_item(item, "ERRNO must be an errno number in [1, 4095]");
+      plan.submit_errno = static_cast<int>(err);
     } else {
       plan.faults.push_back(parse_item(item));
     }

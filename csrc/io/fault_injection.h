@@ -9,6 +9,18 @@
 //                     only the bytes before OFFSET
 //   delay_ms=N        every read finishes N milliseconds late (a slow device)
 //   delay_ms=N@OFFSET only the chunk read covering OFFSET is late
+//   hang@OFFSET       the chunk read covering OFFSET never finishes: its
+//                     completion is held and never delivered, not even when
+//                     the reader is closed (a hung device whose read cannot
+//                     be cancelled): wait() times out, and close() counts it
+//                     as abandoned (ReaderStats::abandoned_reads) instead of
+//                     waiting for it
+//   submit_err=ERRNO  io_uring only: submitting reads to the kernel
+//                     (io_uring_enter) fails with errno ERRNO (decimal, e.g.
+//                     12 for ENOMEM); the reads not taken fail with it
+//   no_cancel         io_uring only: close() does not cancel the reads in
+//                     flight (as if the kernel could not): a read that never
+//                     completes is then abandoned at close()'s deadline
 //   no_io_uring       io_uring_setup fails as if the kernel had no io_uring
 //                     (ENOSYS): "auto" falls back to pread and says so
 //
@@ -33,7 +45,7 @@
 namespace lever {
 namespace io {
 
-enum class FaultKind { kEio, kShort, kDelay };
+enum class FaultKind { kEio, kShort, kDelay, kHang };
 
 struct Fault {
   FaultKind kind = FaultKind::kEio;
@@ -46,9 +58,13 @@ struct Fault {
 struct FaultPlan {
   std::vector<Fault> faults;
   bool no_io_uring = false;  // pretend io_uring_setup fails with ENOSYS
+  int submit_errno = 0;       // submit_err=ERRNO: io_uring submits fail with it (0: no)
+  int64_t submit_err_times = -1;  // how many submits fail; -1: all
+  bool no_cancel = false;     // io_uring shutdown sends no cancels
   std::string spec;          // the text it was parsed from (for messages)
 
-  // True if some read is affected (no_io_uring alone needs no wrapper).
+  // True if some read's result is affected (no_io_uring and submit_err,
+  // which the io_uring backend applies itself, need no wrapper).
   bool affects_reads() const { return !faults.empty(); }
 };
 

@@ -228,7 +228,14 @@ FlashReader::FlashReader(const std::string& path, size_t slot_bytes, int n_slots
   }
 }
 
-FlashReader::~FlashReader() { close(); }
+FlashReader::~FlashReader() {
+  close();
+  if (abandoned_reads_ > 0) {
+    // The kernel may still write into the slot buffers (and their extents
+    // are named by the abandoned reads): leak them on purpose.
+    for (auto& slot : slots_) slot.release();
+  }
+}
 
 void FlashReader::open_file(bool want_direct) {
   if (want_direct) {
@@ -307,6 +314,9 @@ void FlashReader::create_backend(const ReaderOptions& options) {
       config.fd = fd_;
       config.direct = direct_;
       config.queue_depth = queue_depth_;
+      config.inject_submit_errno = faults.submit_errno;
+      config.inject_submit_times = faults.submit_err_times;
+      config.inject_no_cancel = faults.no_cancel;
       for (const auto& slot : slots_) {
         config.fixed_buffers.push_back(iovec{slot->buffer.data(), slot->buffer.size()});
       }
@@ -338,7 +348,22 @@ void FlashReader::close() {
     if (closed_) return;
     closed_ = true;
   }
-  if (backend_ != nullptr) backend_->shutdown();  // no I/O thread runs after this
+  // Cancels the reads in flight and waits for them at most read_timeout_s_
+  // seconds; no I/O thread calls back into *this after it returns.
+  const size_t abandoned = backend_ != nullptr ? backend_->shutdown(read_timeout_s_) : 0;
+  if (abandoned > 0) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      abandoned_reads_ = abandoned;
+    }
+    std::fprintf(stderr,
+                 "lever: FlashReader.close(): abandoned %zu read(s) of %s that did not complete "
+                 "within %g s of being cancelled (%s backend; hung device?); the %zu slot "
+                 "buffers (%zu bytes each) are leaked, not freed: the kernel may still write "
+                 "into them\n",
+                 abandoned, path_.c_str(), read_timeout_s_, backend_->name(), slots_.size(),
+                 slot_bytes_);
+  }
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
 }
@@ -629,6 +654,17 @@ std::string FlashReader::describe_failure(const Extent& e, const ChunkRead& chun
                                           const ChunkResult& result, uint32_t actual_crc,
                                           FailureKind* kind) const {
   const std::string at = std::to_string(chunk.file_offset);
+  if (result.not_submitted) {
+    *kind = FailureKind::kIo;
+    return e.name() + ": could not submit the read at offset " + at + " (" +
+           std::to_string(chunk.length) + " bytes) of " + path_ +
+           ": io_uring_enter failed: " + errno_text(result.error);
+  }
+  if (result.error == ECANCELED) {
+    *kind = FailureKind::kCancelled;
+    return e.name() + ": the reader was closed while the read at offset " + at + " of " + path_ +
+           " was in flight (cancelled)";
+  }
   if (result.error != 0) {
     *kind = FailureKind::kIo;
     return e.name() + ": read failed at offset " + at + " (" + std::to_string(chunk.length) +
@@ -675,6 +711,7 @@ ReaderStats FlashReader::stats() const {
   s.extents = extents_;
   s.wait_s = wait_s_;
   s.checksum_s = checksum_s_;
+  s.abandoned_reads = abandoned_reads_;
   return s;
 }
 

@@ -19,10 +19,14 @@
 //
 // A wait never hangs: a wait(slot) that sees no read of its extent finish
 // for read_timeout_s seconds fails with FailureKind::kTimeout, and the
-// backends bound their retries. Two calls still wait for the kernel without
-// a deadline, because it may be writing into their memory: read() (into the
-// caller's buffer) and close() (for reads in flight); a device whose reads
-// never complete at all can hold them. Faults can be injected for tests
+// backends bound their retries. read() still waits for the kernel without a
+// deadline, because it may be writing into the caller's buffer. close()
+// cancels the reads in flight (io_uring) and waits for them at most
+// read_timeout_s seconds; reads still out then are abandoned: reported
+// (stderr, ReaderStats::abandoned_reads), and the slot buffers they target
+// are leaked rather than freed. With the pread backend close() waits for a
+// blocked pread() without a deadline (it cannot be cancelled; see
+// pread_backend.cpp). Faults can be injected for tests
 // (ReaderOptions::faults, LEVER_IO_FAULTS; see io/fault_injection.h).
 #pragma once
 
@@ -112,6 +116,9 @@ struct ReaderStats {
   double wait_s = 0;         // seconds callers were blocked in wait() and read()
   double busy_s = 0;         // seconds with at least one read in flight
   double checksum_s = 0;     // CPU seconds spent computing CRC32C
+  // Reads close() gave up on (still in flight read_timeout_s seconds after
+  // being cancelled); their slot buffers are leaked. 0 normally; not reset.
+  uint64_t abandoned_reads = 0;
 
   // Everything that is not as requested (io_uring, O_DIRECT, registered
   // buffers) and any injected faults, "; "-separated; "" if none.
@@ -191,9 +198,12 @@ class FlashReader final : private ChunkSink {
   ReaderStats stats() const;
   void reset_stats();
 
-  // Cancels queued reads, waits for the ones in flight, stops the I/O
-  // threads and closes the file. Slot buffers stay allocated (views of them
-  // remain readable) until the destructor. Safe to call more than once.
+  // Cancels queued reads and (io_uring) the ones in flight, waits for the
+  // reads in flight at most read_timeout_s seconds (pread: until they end),
+  // stops the I/O threads and closes the file. Reads still out at the
+  // deadline are abandoned (see the top of this file). Slot buffers stay
+  // allocated (views of them remain readable) until the destructor, and for
+  // ever if a read was abandoned. Safe to call more than once.
   void close();
   bool closed() const;
 
@@ -263,6 +273,7 @@ class FlashReader final : private ChunkSink {
   uint64_t extents_ = 0;
   double wait_s_ = 0;
   double checksum_s_ = 0;
+  uint64_t abandoned_reads_ = 0;  // see ReaderStats::abandoned_reads
 };
 
 }  // namespace io

@@ -18,6 +18,14 @@
 //     completions are retried at most kMaxTransientRetries times; a short
 //     read goes on only while it makes progress. (A read the kernel never
 //     completes is the FlashReader's deadline's business, see wait().)
+//   - shutdown() is bounded: it sends IORING_OP_ASYNC_CANCEL for every read
+//     in flight (those complete with -ECANCELED, or -EINTR if already
+//     running in an io-wq worker; a block-device read that is already
+//     running cannot be cancelled, -EALREADY, and completes normally) and
+//     waits for the reads until its deadline. Reads still out then are
+//     abandoned: the reaper thread is detached and the backend object is
+//     leaked (IoUringHandle), and the reaper drops their completions if
+//     they ever come, so the sink is never called again.
 //   - Ring indices are shared with the kernel: we read what the kernel
 //     writes with acquire loads and publish what we write with release
 //     stores, so the entries themselves are visible before the index moves.
@@ -127,12 +135,16 @@ class Ring {
   }
 
   // Hands every SQE filled since the last call to the kernel. 0 or -errno.
-  int submit() {
+  // inject_errno (fault injection, tests): if not 0 and there is something
+  // to submit, publish the SQEs but fail with that errno instead of calling
+  // io_uring_enter, as a kernel that refused them would.
+  int submit(int inject_errno = 0) {
     const unsigned published = *sq_tail_;
     if (sqe_tail_ != published) {
       unsubmitted_ += sqe_tail_ - published;
       __atomic_store_n(sq_tail_, sqe_tail_, __ATOMIC_RELEASE);  // SQEs first, then the tail
     }
+    if (inject_errno != 0 && unsubmitted_ > 0) return -inject_errno;
     // Every way of not making progress counts against one bound (1000 tries,
     // about 0.1 s of sleeps at most), so a submit always ends.
     int stalled_tries = 0;
@@ -156,6 +168,9 @@ class Ring {
     }
     return 0;
   }
+
+  // True if SQEs were filled since the last submit() or not taken by it.
+  bool has_unsubmitted() const { return unsubmitted_ > 0 || sqe_tail_ != *sq_tail_; }
 
   // Takes back the SQEs published but not taken by the kernel (after a
   // failed submit) and appends their user_data to *out. Safe because the
@@ -240,14 +255,22 @@ class Ring {
 // How often one chunk's read may come back EAGAIN / EINTR before it fails.
 constexpr uint32_t kMaxTransientRetries = 16;
 
+// user_data of an IORING_OP_ASYNC_CANCEL entry: this bit, or'ed with the
+// tag it cancels (reads carry their bare tag index).
+constexpr uint64_t kCancelBit = uint64_t{1} << 62;
+
 class IoUringBackend final : public ReadBackend {
  public:
   IoUringBackend(const IoUringConfig& config, ChunkSink& sink)
-      : fd_(config.fd), direct_(config.direct), sink_(sink), tags_(config.queue_depth) {
+      : fd_(config.fd), direct_(config.direct), sink_(sink), tags_(config.queue_depth),
+        inject_submit_errno_(config.inject_submit_errno),
+        inject_submit_times_(config.inject_submit_times),
+        inject_no_cancel_(config.inject_no_cancel) {
     for (size_t i = tags_.size(); i > 0; --i) free_tags_.push_back(static_cast<uint32_t>(i - 1));
   }
 
-  ~IoUringBackend() override { shutdown(); }
+  // Only destroyed when shutdown() abandoned nothing (see IoUringHandle).
+  ~IoUringBackend() override { shutdown(kDefaultShutdownTimeoutS); }
 
   // Ring setup and buffer registration; see make_io_uring_backend.
   bool init(const IoUringConfig& config, std::string* error, std::string* buffers_note) {
@@ -265,6 +288,7 @@ class IoUringBackend final : public ReadBackend {
                         "; RLIMIT_MEMLOCK?); reading with IORING_OP_READV instead of READ_FIXED";
       }
     }
+    reaper_done_ = false;
     reaper_ = std::thread([this] { reaper_loop(); });
     return true;
   }
@@ -290,18 +314,39 @@ class IoUringBackend final : public ReadBackend {
     for (const Finished& f : failed) sink_.on_chunk_done(f.chunk, f.result);
   }
 
-  void shutdown() override {
+  // See ReadBackend::shutdown and the top of this file. timeout_s: seconds.
+  size_t shutdown(double timeout_s) override {
     std::deque<ChunkRead> cancelled;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (shut_down_) return abandoned_;
+      shut_down_ = true;
       stopping_ = true;
       cancelled.swap(queued_);
+      if (!reaper_done_ && !inject_no_cancel_) cancel_in_flight_locked();
     }
     // The reaper exits once the reads in flight are over (at once if none).
     reads_cv_.notify_all();
     for (const ChunkRead& chunk : cancelled) sink_.on_chunk_cancelled(chunk);
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(std::max(0.0, timeout_s)));
+      if (!state_cv_.wait_until(lock, deadline, [this] { return reaper_done_; })) {
+        // Let a report the reaper is making to the sink end (it is short),
+        // then stop all reports: the caller may free the sink.
+        state_cv_.wait(lock, [this] { return reaper_done_ || !delivering_; });
+        if (!reaper_done_) abandoned_ = tags_in_use();
+      }
+    }
+    if (abandoned_ > 0) {
+      reaper_.detach();  // blocked in io_uring_enter; it and *this are leaked
+      return abandoned_;
+    }
     if (reaper_.joinable()) reaper_.join();
     ring_.close();
+    return 0;
   }
 
  private:
@@ -320,6 +365,29 @@ class IoUringBackend final : public ReadBackend {
   };
 
   size_t tags_in_use() const { return tags_.size() - free_tags_.size(); }
+
+  // Queues an IORING_OP_ASYNC_CANCEL for every read in flight and submits
+  // them. Best effort: a cancel that cannot be queued or submitted (or that
+  // the kernel refuses, e.g. -EINVAL before Linux 5.5) leaves its read to
+  // the deadline of shutdown(). Holds mutex_.
+  void cancel_in_flight_locked() {
+    std::vector<bool> is_free(tags_.size(), false);
+    for (uint32_t t : free_tags_) is_free[t] = true;
+    for (uint32_t t = 0; t < tags_.size(); ++t) {
+      if (is_free[t]) continue;
+      io_uring_sqe* sqe = ring_.next_sqe();
+      if (sqe == nullptr && ring_.submit() == 0) sqe = ring_.next_sqe();  // SQ full: flush
+      if (sqe == nullptr) break;
+      sqe->opcode = IORING_OP_ASYNC_CANCEL;
+      sqe->fd = -1;
+      sqe->addr = t;  // the user_data of the read to cancel
+      sqe->user_data = kCancelBit | t;
+    }
+    if (ring_.submit() != 0) {
+      std::vector<uint64_t> untaken;  // cancel entries only: drop them
+      ring_.retract_unsubmitted(&untaken);
+    }
+  }
 
   // Issues queued chunks while there is a free tag (queue depth), and
   // submits them together with any re-issued reads; chunks that cannot be
@@ -375,11 +443,20 @@ class IoUringBackend final : public ReadBackend {
   // read is left waiting for a completion that cannot come. False if it
   // failed. Holds mutex_.
   bool submit_locked(std::vector<Finished>* failed) {
-    const int err = ring_.submit();
+    int inject = 0;
+    if (inject_submit_errno_ != 0 && inject_submit_times_ != 0 && ring_.has_unsubmitted()) {
+      inject = inject_submit_errno_;
+      if (inject_submit_times_ > 0) --inject_submit_times_;
+    }
+    const int err = ring_.submit(inject);
     if (err == 0) return true;
     std::vector<uint64_t> untaken;
     ring_.retract_unsubmitted(&untaken);
-    for (uint64_t t : untaken) finish_locked(static_cast<uint32_t>(t), -err, failed);
+    for (uint64_t t : untaken) {
+      if ((t & kCancelBit) != 0) continue;  // not a read
+      finish_locked(static_cast<uint32_t>(t), -err, failed);
+      failed->back().result.not_submitted = true;
+    }
     return false;
   }
 
@@ -392,10 +469,24 @@ class IoUringBackend final : public ReadBackend {
   // Handles one completion: the chunk is finished (added to *finished) or
   // re-issued for its remaining bytes. Holds mutex_.
   void complete_locked(const io_uring_cqe& cqe, std::vector<Finished>* finished) {
+    if ((cqe.user_data & kCancelBit) != 0) return;  // a cancel's own result: nothing to do
     const auto t = static_cast<uint32_t>(cqe.user_data);
     if (t >= tags_.size()) return;  // not ours (cannot happen)
     Tag& tag = tags_[t];
     const int res = cqe.res;
+    if (stopping_) {
+      // Shutting down: issue nothing new (it would escape the cancels).
+      // A cancelled read ends with -ECANCELED, or -EINTR if it was running.
+      if (res < 0) {
+        finish_locked(t, res == -EINTR || res == -EAGAIN ? ECANCELED : -res, finished);
+      } else {
+        tag.done += static_cast<uint32_t>(res);
+        const bool would_go_on = tag.done < tag.chunk.length && res > 0 &&
+                                 can_continue_short_read(direct_, tag.chunk.file_offset + tag.done);
+        finish_locked(t, would_go_on ? ECANCELED : 0, finished);  // else: whole, or end of file
+      }
+      return;
+    }
     if (res == -EAGAIN || res == -EINTR) {  // transient: issue the same read again, a few times
       if (++tag.retries <= kMaxTransientRetries) {
         prepare_read_locked(t, finished);
@@ -424,7 +515,11 @@ class IoUringBackend final : public ReadBackend {
         // Nothing in flight: sleep until enqueue() issues reads or shutdown().
         std::unique_lock<std::mutex> lock(mutex_);
         reads_cv_.wait(lock, [this] { return stopping_ || tags_in_use() > 0; });
-        if (tags_in_use() == 0) return;  // stopping, and every read is over
+        if (tags_in_use() == 0) {  // stopping, and every read is over
+          reaper_done_ = true;
+          state_cv_.notify_all();
+          return;
+        }
       }
       if (ring_.wait() != 0) {
         // Cannot happen with a valid ring (EINTR is retried); do not spin.
@@ -436,8 +531,16 @@ class IoUringBackend final : public ReadBackend {
         io_uring_cqe cqe;
         while (ring_.pop(&cqe)) complete_locked(cqe, &finished);
         issue_queued_locked(&finished);  // keep the device busy while we verify
+        if (abandoned_ > 0) continue;    // shutdown gave up: nobody listens any more
+        delivering_ = !finished.empty();
       }
+      if (finished.empty()) continue;
       for (const Finished& f : finished) sink_.on_chunk_done(f.chunk, f.result);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        delivering_ = false;
+      }
+      state_cv_.notify_all();
     }
   }
 
@@ -454,6 +557,33 @@ class IoUringBackend final : public ReadBackend {
   std::vector<uint32_t> free_tags_;
   std::deque<ChunkRead> queued_;    // chunks waiting for a free tag
   bool stopping_ = false;
+  // Shutdown.
+  std::condition_variable state_cv_;  // reaper_done_ or delivering_ changed
+  bool shut_down_ = false;    // shutdown() was called
+  bool reaper_done_ = true;   // the reaper has exited (or never started)
+  bool delivering_ = false;   // the reaper is reporting finished chunks to the sink
+  size_t abandoned_ = 0;      // reads shutdown() gave up on: > 0 means *this is leaked
+  // Fault injection (IoUringConfig::inject_submit_*).
+  const int inject_submit_errno_;
+  int64_t inject_submit_times_;
+  const bool inject_no_cancel_;
+};
+
+// What make_io_uring_backend returns: owns the backend and deletes it,
+// unless its shutdown abandoned reads -- then the backend, its ring and its
+// detached reaper thread stay alive (leaked) for the kernel's sake.
+class IoUringHandle final : public ReadBackend {
+ public:
+  explicit IoUringHandle(std::unique_ptr<IoUringBackend> backend) : backend_(backend.release()) {}
+  ~IoUringHandle() override {
+    if (backend_->shutdown(kDefaultShutdownTimeoutS) == 0) delete backend_;
+  }
+  const char* name() const override { return backend_->name(); }
+  void enqueue(const std::vector<ChunkRead>& chunks) override { backend_->enqueue(chunks); }
+  size_t shutdown(double timeout_s) override { return backend_->shutdown(timeout_s); }
+
+ private:
+  IoUringBackend* backend_;  // owned, see above
 };
 
 }  // namespace
@@ -463,7 +593,7 @@ std::unique_ptr<ReadBackend> make_io_uring_backend(const IoUringConfig& config,
                                                    std::string* buffers_note) {
   auto backend = std::make_unique<IoUringBackend>(config, sink);
   if (!backend->init(config, error, buffers_note)) return nullptr;
-  return backend;
+  return std::make_unique<IoUringHandle>(std::move(backend));
 }
 
 }  // namespace io

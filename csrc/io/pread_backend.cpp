@@ -1,6 +1,13 @@
 // The pread backend: worker threads take chunks from a queue, in order, and
 // read each with blocking pread() calls. Used where io_uring is missing or
 // blocked (Android apps: seccomp) and when asked for explicitly.
+//
+// shutdown() waits for the preads in flight without a deadline: a blocked
+// pread() cannot be cancelled, and leaving its thread running would mean
+// leaking the whole pool with it (the thread touches the backend when the
+// call returns) and reissuing reads on a file descriptor number the reader
+// has closed and the process may reuse. A device whose reads never complete
+// can therefore hold close() with this backend; wait() still times out.
 
 #include <errno.h>
 #include <unistd.h>
@@ -47,7 +54,7 @@ class PreadBackend final : public ReadBackend {
     for (int i = 0; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
 
-  ~PreadBackend() override { shutdown(); }
+  ~PreadBackend() override { shutdown(kDefaultShutdownTimeoutS); }
 
   const char* name() const override { return "pread"; }
 
@@ -63,7 +70,8 @@ class PreadBackend final : public ReadBackend {
     for (const ChunkRead& chunk : chunks) sink_.on_chunk_cancelled(chunk);
   }
 
-  void shutdown() override {
+  // timeout_s is not used: see the top of this file. Returns 0.
+  size_t shutdown(double /*timeout_s*/) override {
     std::deque<ChunkRead> cancelled;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -76,6 +84,7 @@ class PreadBackend final : public ReadBackend {
     for (std::thread& worker : workers_) {
       if (worker.joinable()) worker.join();
     }
+    return 0;
   }
 
  private:

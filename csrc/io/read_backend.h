@@ -8,6 +8,7 @@
 
 #include <sys/uio.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,6 +36,9 @@ struct ChunkRead {
 struct ChunkResult {
   uint32_t bytes = 0;  // bytes read into dest; < length at the end of the file
   int error = 0;       // 0, or the errno of the failed read
+  // The read never reached the kernel: io_uring_enter refused to submit it
+  // (error is that call's errno).
+  bool not_submitted = false;
 };
 
 // FlashReader's side. Both calls may come from any backend thread.
@@ -57,13 +61,24 @@ class ReadBackend {
   // Reads the chunks (in order, at most queue_depth at a time) and returns
   // at once. After shutdown() the chunks are cancelled instead.
   virtual void enqueue(const std::vector<ChunkRead>& chunks) = 0;
-  // Cancels chunks not issued yet, waits for the reads in flight, stops the
-  // backend's threads. Safe to call more than once. (A read the kernel never
-  // completes would keep it waiting: nothing else may free the memory that
-  // read targets. Callers get a timeout error long before, see
-  // FlashReader::wait.)
-  virtual void shutdown() = 0;
+  // Cancels chunks not issued yet, stops the reads in flight where the
+  // backend can, waits for them at most about timeout_s seconds, stops the
+  // backend's threads, and returns the number of reads it gave up on
+  // ("abandoned": still in the kernel's hands, or never to be delivered).
+  // After it returns the backend never calls the sink again and may be
+  // destroyed; it keeps alive (leaks) whatever an abandoned read still uses
+  // on its side (ring, thread). The caller must then leak the memory those
+  // reads target (the kernel may still write into it). 0 normally. Safe to
+  // call more than once (later calls return the same count at once).
+  //   io_uring: IORING_OP_ASYNC_CANCEL for every read in flight, then waits
+  //     for their completions until the deadline.
+  //   pread: a blocked pread() cannot be cancelled; it waits for the reads in
+  //     flight without a deadline (timeout_s is not used) and returns 0.
+  virtual size_t shutdown(double timeout_s) = 0;
 };
+
+// The timeout_s of a shutdown a backend does on its own (destructor), seconds.
+constexpr double kDefaultShutdownTimeoutS = 5.0;
 
 // A chunk read that came back short may go on from where it stopped, unless
 // the file is open with O_DIRECT and the stop is not block-aligned: O_DIRECT
@@ -83,6 +98,13 @@ struct IoUringConfig {
   bool direct = true;
   int queue_depth = 8;
   std::vector<iovec> fixed_buffers;  // registered with the ring (READ_FIXED)
+  // Fault injection (tests, io/fault_injection.h: submit_err=ERRNO*K): the
+  // first inject_submit_times submits of reads (-1: all) fail with this errno.
+  int inject_submit_errno = 0;
+  int64_t inject_submit_times = -1;
+  // Fault injection (no_cancel): shutdown() sends no IORING_OP_ASYNC_CANCEL,
+  // as if the kernel could not cancel the reads in flight.
+  bool inject_no_cancel = false;
 };
 
 // An io_uring ring with one reaper thread. Returns nullptr and sets *error

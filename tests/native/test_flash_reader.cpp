@@ -6,7 +6,10 @@
 // after it must give the file's bytes. Under qemu-user io_uring is missing:
 // the io_uring cases are skipped there and the fallback is checked instead.
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -54,6 +57,9 @@ class TempFile {
   std::string path_;
   std::vector<uint8_t> data_;
 };
+
+// Bytes waiting in a pipe (FIONREAD). 0 or -1.
+int ioctl_fionread(int fd, int* bytes) { return ioctl(fd, FIONREAD, bytes); }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -180,6 +186,134 @@ TEST(flash_reader_stuck_read_hits_the_deadline) {
   }
 }
 
+// hang@: a read that never completes, not even when cancelled. wait() times
+// out; close() returns at once, reports the read as abandoned and leaks the
+// slot buffer (the destructor must not free it, nor crash).
+TEST(flash_reader_hung_read_is_abandoned_by_close) {
+  TempFile file;
+  for (const std::string& backend : backends(file)) {
+    ReaderOptions o = options_for(backend, "hang@" + std::to_string(3 * kChunk) + "*1");
+    o.read_timeout_s = 0.5;
+    FlashReader r(file.path(), 64 * 1024, 1, o);
+    expect_failure(r, file, 0, 64 * 1024, FailureKind::kTimeout, 3 * kChunk, backend);
+    CHECK(!r.ready(0));
+    CHECK_EQ(r.stats().abandoned_reads, uint64_t{0});
+    const auto t0 = std::chrono::steady_clock::now();
+    r.close();
+    CHECK_MSG(seconds_since(t0) < 5.0, backend << ": close() took " << seconds_since(t0) << " s");
+    CHECK_EQ(r.stats().abandoned_reads, uint64_t{1});
+    CHECK(!r.ready(0));  // never completes
+  }
+}
+
+// A real read that never completes: io_uring reading an empty FIFO (whose
+// writer stays open) waits for data for ever. close() cancels it
+// (IORING_OP_ASYNC_CANCEL): it ends with ECANCELED, nothing is abandoned.
+TEST(flash_reader_close_cancels_a_real_stuck_io_uring_read) {
+  TempFile file;
+  if (!have_io_uring(file)) SKIP("no io_uring here");
+  const std::string fifo = file.path() + ".fifo";
+  if (mkfifo(fifo.c_str(), 0600) != 0) SKIP("mkfifo failed");
+  const int writer = open(fifo.c_str(), O_RDWR);  // never writes; keeps the reader's open from blocking
+  REQUIRE(writer >= 0);
+  {
+    ReaderOptions o = options_for("io_uring", "");
+    o.direct = false;
+    o.read_timeout_s = 0.5;
+    FlashReader r(fifo, 4096, 1, o);
+    r.submit(0, 0, 4096, {}, "fifo");
+    bool timed_out = false;
+    try {
+      r.wait(0);
+    } catch (const FlashReadError& e) {
+      timed_out = e.kind == FailureKind::kTimeout;
+      if (!timed_out) NOTE("wait: " << e.what());
+    }
+    CHECK_MSG(timed_out, "a read of an empty FIFO must time out");
+    const auto t0 = std::chrono::steady_clock::now();
+    r.close();
+    CHECK_MSG(seconds_since(t0) < 5.0, "close() took " << seconds_since(t0) << " s");
+    CHECK_EQ(r.stats().abandoned_reads, uint64_t{0});
+    CHECK(r.ready(0));
+    try {
+      r.wait(0);
+      CHECK_MSG(false, "wait() after the cancel returned");
+    } catch (const FlashReadError& e) {
+      CHECK_MSG(e.kind == FailureKind::kCancelled && contains(e.what(), "cancelled"), e.what());
+    }
+  }
+  close(writer);
+  unlink(fifo.c_str());
+}
+
+// The same stuck read, but the kernel "cannot cancel" it (no_cancel): close()
+// gives up at its deadline (read_timeout_s), abandons the read, detaches
+// the reaper and leaks the backend and the slot buffer. When the read
+// finally completes (data written to the FIFO), the leaked reaper takes the
+// completion and drops it: the destroyed reader is never called.
+TEST(flash_reader_close_abandons_an_uncancellable_io_uring_read) {
+  TempFile file;
+  if (!have_io_uring(file)) SKIP("no io_uring here");
+  const std::string fifo = file.path() + ".fifo";
+  if (mkfifo(fifo.c_str(), 0600) != 0) SKIP("mkfifo failed");
+  const int writer = open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+  REQUIRE(writer >= 0);
+  {
+    ReaderOptions o = options_for("io_uring", "no_cancel");
+    o.direct = false;
+    o.read_timeout_s = 0.5;
+    FlashReader r(fifo, 4096, 1, o);
+    r.submit(0, 0, 4096, {}, "fifo");
+    CHECK(!r.ready(0));
+    const auto t0 = std::chrono::steady_clock::now();
+    r.close();
+    const double took = seconds_since(t0);
+    CHECK_MSG(took >= 0.4 && took < 5.0, "close() took " << took << " s");
+    CHECK_EQ(r.stats().abandoned_reads, uint64_t{1});
+    CHECK(!r.ready(0));
+  }  // destroyed: the slot buffer is leaked, the reaper still waits
+  std::vector<uint8_t> bytes(4096, 0x5A);
+  CHECK(write(writer, bytes.data(), bytes.size()) == 4096);  // the read completes now
+  const auto t1 = std::chrono::steady_clock::now();
+  bool consumed = false;
+  while (!consumed && seconds_since(t1) < 5.0) {
+    int queued = -1;
+    // The leaked read took the bytes if the FIFO is empty again.
+    if (ioctl_fionread(writer, &queued) == 0 && queued == 0) consumed = true;
+    else usleep(10 * 1000);
+  }
+  CHECK_MSG(consumed, "the abandoned read never took the bytes");
+  usleep(50 * 1000);  // the leaked reaper drops the completion (no call into the freed reader)
+  close(writer);
+  unlink(fifo.c_str());
+}
+
+// submit_err: io_uring_enter fails; the reads it did not take are taken
+// back and fail naming the errno, and later submits work. Queue depth 2 and
+// 4 chunks: the first submit (chunks 0-1) fails, chunks 2-3 go in the next.
+TEST(flash_reader_io_uring_submit_error_fails_the_chunks_then_recovers) {
+  TempFile file;
+  if (!have_io_uring(file)) SKIP("no io_uring here");
+  ReaderOptions o = options_for("io_uring", "submit_err=12*1");
+  o.queue_depth = 2;
+  FlashReader r(file.path(), 64 * 1024, 1, o);
+  r.submit(0, 64 * 1024, 64 * 1024, {}, "layer 3");
+  try {
+    r.wait(0);
+    CHECK_MSG(false, "wait() returned instead of failing");
+  } catch (const FlashReadError& e) {
+    const std::string what = e.what();
+    CHECK_MSG(e.kind == FailureKind::kIo && e.offset == 64 * 1024, what);
+    CHECK_MSG(contains(what, "could not submit") && contains(what, "io_uring_enter failed") &&
+                  contains(what, "errno 12") && contains(what, "layer 3"),
+              what);
+  }
+  expect_clean_read(r, file, 64 * 1024, 64 * 1024, "io_uring after submit_err");
+  std::vector<uint8_t> out(64 * 1024);
+  r.read(0, 64 * 1024, out.data(), {}, "read");  // unaligned: staged
+  CHECK(std::memcmp(out.data(), file.at(0), out.size()) == 0);
+}
+
 TEST(flash_reader_slow_reads_within_the_deadline_succeed) {
   TempFile file;
   for (const std::string& backend : backends(file)) {
@@ -294,7 +428,15 @@ TEST(fault_plan_parsing) {
   CHECK(p.faults[2].any_offset && p.faults[2].delay_s == 0.005);
   CHECK(!p.faults[3].any_offset && p.faults[3].delay_s == 0.007 && p.faults[3].times == 2);
   CHECK(lever::io::parse_fault_plan("").faults.empty());
-  for (const char* bad : {"eio", "eio@x", "eio@1*", "delay_ms=", "slow@3", "short@-4"}) {
+  const lever::io::FaultPlan q = lever::io::parse_fault_plan("hang@8192*1,submit_err=12*3");
+  REQUIRE(q.faults.size() == 1);
+  CHECK(q.faults[0].kind == lever::io::FaultKind::kHang && q.faults[0].offset == 8192 &&
+        q.faults[0].times == 1);
+  CHECK(q.submit_errno == 12 && q.submit_err_times == 3 && q.affects_reads());
+  CHECK(!lever::io::parse_fault_plan("submit_err=5").affects_reads());
+  CHECK_EQ(lever::io::parse_fault_plan("submit_err=5").submit_err_times, int64_t{-1});
+  for (const char* bad : {"eio", "eio@x", "eio@1*", "delay_ms=", "slow@3", "short@-4", "hang@",
+                          "submit_err=0", "submit_err=EIO", "submit_err=5*"}) {
     bool refused = false;
     try {
       lever::io::parse_fault_plan(bad);

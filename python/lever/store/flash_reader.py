@@ -22,12 +22,16 @@ and mode are in use and why.
 
 `wait()` never hangs: it fails with FlashReadError (reason "timeout") when
 no read of its extent finished for LEVER_IO_TIMEOUT_S seconds (default 30,
-at most 1e6). `read()` and `close()` wait for the kernel without a deadline
-(it may still be writing into their memory), so a device whose reads never
-complete at all can hold them. For tests, LEVER_IO_FAULTS injects faults when a reader is made, e.g.
-"eio@<offset>*1,short@<offset>,delay_ms=<n>[@<offset>],no_io_uring" (file
-offsets in bytes; *K: the first K matching reads only; grammar in
-csrc/io/fault_injection.h).
+at most 1e6). `read()` waits for the kernel without a deadline (it may still
+be writing into the caller's memory). `close()` cancels the reads in flight
+(io_uring) and waits for them at most LEVER_IO_TIMEOUT_S seconds; a read
+still out then (a hung device) is abandoned: reported on stderr and in
+stats()["abandoned_reads"], and the slot buffers are leaked rather than
+freed. With the pread backend a blocked pread() cannot be cancelled, and
+close() waits for it. For tests, LEVER_IO_FAULTS injects faults when a reader is made, e.g.
+"eio@<offset>*1,short@<offset>,delay_ms=<n>[@<offset>],hang@<offset>,submit_err=<errno>,
+no_io_uring,no_cancel" (file offsets in bytes; *K: the first K matching reads only;
+grammar in csrc/io/fault_injection.h).
 """
 
 from __future__ import annotations
@@ -136,7 +140,8 @@ class FlashReader:
         bytes_read (bytes), reads (chunk reads), extents (submit() and read()
         calls), wait_s (seconds callers blocked in wait()/read()), busy_s
         (seconds with at least one read in flight: bandwidth = bytes_read /
-        busy_s), checksum_s (CPU seconds spent in CRC32C).
+        busy_s), checksum_s (CPU seconds spent in CRC32C); abandoned_reads
+        (reads close() gave up on, see close(); 0 normally).
         """
         return self._native.stats()
 
@@ -145,9 +150,14 @@ class FlashReader:
         self._native.reset_stats()
 
     def close(self) -> None:
-        """Cancel queued reads, wait for those in flight, stop the I/O threads, close the file.
+        """Cancel queued reads and those in flight, wait for them, stop the I/O threads, close the file.
 
-        Views returned by wait() stay readable. Safe to call more than once.
+        Waits at most LEVER_IO_TIMEOUT_S seconds (the read timeout) for the
+        reads in flight with io_uring; reads still out then are abandoned
+        (stderr line, stats()["abandoned_reads"]) and their slot buffers
+        leaked. pread: waits until a blocked pread() returns (it cannot be
+        cancelled). Views returned by wait() stay readable. Safe to call
+        more than once.
         """
         self._native.close()
 
