@@ -356,6 +356,8 @@ def test_close_cancels_a_real_stuck_io_uring_read_or_abandons_it(silent_fifo, mo
     try:
         reader = FlashReader(fifo, 4096, 1, backend="io_uring", direct=False)
     except FlashReadError as exc:
+        if exc.reason != "unavailable":      # only a kernel without io_uring may skip this
+            raise
         pytest.skip(f"no io_uring here: {exc}")
     reader.submit(0, 0, 4096, None, "fifo")
     with pytest.raises(FlashReadError, match="timed out"):

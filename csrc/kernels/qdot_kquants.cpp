@@ -177,19 +177,6 @@ void q6_k_scalar_impl(const uint8_t* w, const uint8_t* x, size_t x_stride, int n
   for (int r = 0; r < n_x; ++r) out[r] = acc[r];
 }
 
-// Runs a kernel that handles at most kMaxDotRows rows over any n_x, in groups.
-template <class Kernel>
-inline void in_row_groups(Kernel kernel, const uint8_t* w, const uint8_t* x, size_t x_stride,
-                          int n_x, size_t n_blocks, float* out) {
-  while (n_x > 0) {
-    const int n = n_x < kMaxDotRows ? n_x : kMaxDotRows;
-    kernel(w, x, x_stride, n, n_blocks, out);
-    x += static_cast<size_t>(n) * x_stride;
-    out += n;
-    n_x -= n;
-  }
-}
-
 #if defined(__x86_64__)
 
 #define LEVER_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -658,12 +645,12 @@ struct Q6KTileAvx512 {
 
 void q4_k_scalar(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                  float* out) {
-  in_row_groups(q4_k_scalar_impl, w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(q4_k_scalar_impl, w, x, x_stride, n_x, n_blocks, out);
 }
 
 void q6_k_scalar(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                  float* out) {
-  in_row_groups(q6_k_scalar_impl, w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(q6_k_scalar_impl, w, x, x_stride, n_x, n_blocks, out);
 }
 
 #if defined(__x86_64__)
@@ -689,22 +676,22 @@ void q6_k_avx512_group(const uint8_t* w, const uint8_t* x, size_t x_stride, int 
 
 void q4_k_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                float* out) {
-  in_row_groups(q4_k_avx2_group, w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(q4_k_avx2_group, w, x, x_stride, n_x, n_blocks, out);
 }
 
 void q6_k_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                float* out) {
-  in_row_groups(q6_k_avx2_group, w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(q6_k_avx2_group, w, x, x_stride, n_x, n_blocks, out);
 }
 
 void q4_k_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                  float* out) {
-  in_row_groups(q4_k_avx512_group, w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(q4_k_avx512_group, w, x, x_stride, n_x, n_blocks, out);
 }
 
 void q6_k_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                  float* out) {
-  in_row_groups(q6_k_avx512_group, w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(q6_k_avx512_group, w, x, x_stride, n_x, n_blocks, out);
 }
 
 void q4_k_avx512_tile(const uint8_t* w, size_t w_stride, int n_w, const uint8_t* x,

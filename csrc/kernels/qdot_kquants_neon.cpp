@@ -510,19 +510,6 @@ void dotprod_rows(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
   }
 }
 
-// Any n_x: groups of at most kMaxDotRows rows.
-template <void (*Rows)(const uint8_t*, const uint8_t*, size_t, int, size_t, float*)>
-void in_row_groups(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
-                   size_t n_blocks, float* out) {
-  while (n_x > 0) {
-    const int n = n_x < kMaxDotRows ? n_x : kMaxDotRows;
-    Rows(w, x, x_stride, n, n_blocks, out);
-    x += static_cast<size_t>(n) * x_stride;
-    out += n;
-    n_x -= n;
-  }
-}
-
 // Sub-tile shapes. dotprod: 2 weight rows x 8 activation rows (16 int32x4
 // accumulators). i8mm: 2 weight-row pairs x 4 activation-row pairs (8
 // accumulators; each zipped activation slice serves 2 weight pairs).
@@ -552,19 +539,19 @@ struct I8mmTile {
 
 void q4_k_neon(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                float* out) {
-  in_row_groups<neon_rows<Q4K>>(w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(neon_rows<Q4K>, w, x, x_stride, n_x, n_blocks, out);
 }
 void q6_k_neon(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                float* out) {
-  in_row_groups<neon_rows<Q6K>>(w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(neon_rows<Q6K>, w, x, x_stride, n_x, n_blocks, out);
 }
 void q4_k_dotprod(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
                   size_t n_blocks, float* out) {
-  in_row_groups<dotprod_rows<Q4K>>(w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(dotprod_rows<Q4K>, w, x, x_stride, n_x, n_blocks, out);
 }
 void q6_k_dotprod(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
                   size_t n_blocks, float* out) {
-  in_row_groups<dotprod_rows<Q6K>>(w, x, x_stride, n_x, n_blocks, out);
+  tile_detail::in_row_groups(dotprod_rows<Q6K>, w, x, x_stride, n_x, n_blocks, out);
 }
 void q4_k_dotprod_tile(const uint8_t* w, size_t w_stride, int n_w, const uint8_t* x,
                        size_t x_stride, int n_x, size_t n_blocks, float* out,

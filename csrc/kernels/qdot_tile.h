@@ -1,6 +1,7 @@
-// Internal helper of the dot kernels (qdot_kquants.cpp, qdot_blocks32.cpp):
-// running a tile kernel template over any tile of up to kMaxTileW weight rows
-// x kMaxTileX activation rows (see DotTileFn in qdot.h).
+// Internal helpers of the dot kernels (qdot_kquants*.cpp, qdot_blocks32*.cpp):
+// running a row kernel over any number of activation rows, and a tile kernel
+// template over any tile of up to kMaxTileW weight rows x kMaxTileX
+// activation rows (see DotRowsFn and DotTileFn in qdot.h).
 //
 // A Kernel class provides kTW, kTX (the largest sub-tile it is instantiated
 // for) and `template <int NW, int NX> static void run(w, w_stride, x,
@@ -33,6 +34,20 @@ inline void dispatch_tile_nx(int n_x, const uint8_t* w, size_t w_stride, const u
     LEVER_CASE(13) LEVER_CASE(14) LEVER_CASE(15) LEVER_CASE(16)
 #undef LEVER_CASE
     default: break;
+  }
+}
+
+// Runs a row kernel that handles at most kMaxDotRows activation rows (a
+// DotRowsFn or any callable with its arguments) over any n_x, in groups.
+template <class RowsFn>
+inline void in_row_groups(RowsFn rows, const uint8_t* w, const uint8_t* x, size_t x_stride,
+                          int n_x, size_t n_blocks, float* out) {
+  while (n_x > 0) {
+    const int n = n_x < kMaxDotRows ? n_x : kMaxDotRows;
+    rows(w, x, x_stride, n, n_blocks, out);
+    x += static_cast<size_t>(n) * x_stride;
+    out += n;
+    n_x -= n;
   }
 }
 

@@ -83,6 +83,7 @@ bool have_io_uring(const TempFile& file) {
     FlashReader r(file.path(), 4096, 1, options_for("io_uring", ""));
     return true;
   } catch (const FlashReadError& e) {
+    if (e.kind != FailureKind::kUnavailable) throw;  // only a missing io_uring may skip
     NOTE("io_uring unavailable here: " << e.what());
     return false;
   }
