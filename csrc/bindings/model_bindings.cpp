@@ -16,6 +16,7 @@
 #include "model/head.h"
 #include "model/kv_cache.h"
 #include "model/layer_layout.h"
+#include "model/probe.h"
 
 namespace py = pybind11;
 
@@ -215,6 +216,14 @@ void model_layer(NativeModel& model, const py::buffer& x, const LayerLayout& lay
   model.layer(xm.data, xm.rows, layout, w.data, w.n, cache, li);
 }
 
+void model_keep_rows(NativeModel& model, const py::buffer& x, const py::buffer& keep) {
+  const F32Matrix xm = f32_matrix(x, "x", true);
+  require_shape(xm, xm.rows, model.dims().hidden, "x");
+  if (xm.rows > 1 && xm.stride != xm.cols) throw py::value_error("x must be C-contiguous");
+  const auto k = int64_vector(keep, "keep");
+  model.keep_rows(xm.data, xm.rows, k.first, k.second);
+}
+
 void model_embed(const NativeModel& model, const py::buffer& table, int qtype, int64_t n_rows,
                  const py::buffer& ids, const py::buffer& out) {
   const Bytes t = uint8_bytes(table, "table");
@@ -303,6 +312,72 @@ void topk_update(const py::buffer& h, const py::buffer& w, int qtype, int64_t n_
                      bv.cols, bv.data, static_cast<int64_t*>(bi.ptr), mx.first, sm.first);
 }
 
+// ---------------------------------------------------------------------------
+// Probe (early-exit pruning)
+
+// A C-contiguous uint8 array of any shape, as bytes.
+Bytes uint8_array_bytes(const py::buffer& b, const char* what) {
+  const py::buffer_info info = b.request();
+  bool contiguous = true;
+  py::ssize_t expected = 1;
+  for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
+    const auto d = static_cast<size_t>(i);
+    if (info.shape[d] != 1 && info.strides[d] != expected) contiguous = false;
+    expected *= info.shape[d];
+  }
+  if (info.itemsize != 1 || base_format(info) != "B" || !contiguous) {
+    throw py::value_error(std::string(what) + " must be a C-contiguous uint8 array, got format '" +
+                          info.format + "'");
+  }
+  return {static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size)};
+}
+
+// A 1-D contiguous vector of exactly n elements.
+template <typename T>
+T* vector_n(const py::buffer& b, const char* what, const char* formats, const char* dtype,
+            size_t n, bool writable) {
+  const auto v = vector_of<T>(b, what, formats, dtype, writable);
+  if (v.second != n) {
+    throw py::value_error(std::string(what) + " has " + std::to_string(v.second) +
+                          " values, expected " + std::to_string(n));
+  }
+  return v.first;
+}
+
+void probe_scores(const py::buffer& x, const py::buffer& parent_rows, const py::buffer& parents,
+                  const py::buffer& table, int qtype, const py::buffer& norm_w, float eps,
+                  const py::buffer& draft_logp, const py::buffer& sibling_rank,
+                  const py::buffer& depth, const py::buffer& weights, const py::buffer& lens_out,
+                  const py::buffer& logit_out) {
+  const F32Matrix xm = f32_matrix(x, "x", false);
+  if (xm.rows > 1 && xm.stride != xm.cols) throw py::value_error("x must be C-contiguous");
+  const size_t H = xm.cols;
+  const auto pr = int64_vector(parent_rows, "parent_rows");
+  const size_t n = pr.second;
+  const int64_t* par = vector_n<int64_t>(parents, "parents", "lq", "int64", n, false);
+  const Bytes t = uint8_array_bytes(table, "table");
+  const float* nw = vector_n<float>(norm_w, "norm_w", "f", "float32", H, false);
+  const float* lp = vector_n<float>(draft_logp, "draft_logp", "f", "float32", n, false);
+  const float* rk = vector_n<float>(sibling_rank, "sibling_rank", "f", "float32", n, false);
+  const float* dp = vector_n<float>(depth, "depth", "f", "float32", n, false);
+  const double* w = vector_n<double>(weights, "weights", "d", "float64",
+                                     lever::kProbeFeatures + 1, false);
+  float* lens = vector_n<float>(lens_out, "lens_out", "f", "float32", n, true);
+  float* logit = vector_n<float>(logit_out, "logit_out", "f", "float32", n, true);
+  py::gil_scoped_release no_gil;
+  lever::probe_scores(xm.data, xm.rows, H, pr.first, par, n, t.data, t.n, qtype, nw, eps, lp, rk,
+                      dp, w, lens, logit);
+}
+
+py::array_t<bool> prune_closure(const py::buffer& parents, const py::buffer& keep_self) {
+  const auto p = int64_vector(parents, "parents");
+  const uint8_t* ks = vector_n<uint8_t>(keep_self, "keep_self", "?B", "bool or uint8", p.second,
+                                        false);
+  py::array_t<bool> kept(static_cast<py::ssize_t>(p.second));
+  lever::prune_closure(p.first, ks, p.second, reinterpret_cast<uint8_t*>(kept.mutable_data()));
+  return kept;
+}
+
 }  // namespace
 
 void bind_model(py::module_& m) {
@@ -372,6 +447,16 @@ the cache's capacity (call cache.reserve first).)doc")
            py::arg("cache"), py::arg("layer_index"),
            "Run one layer on x (C-contiguous float32 [T, hidden], in place), weights in buffer "
            "(1-D uint8) laid out by layout. Releases the GIL.")
+      .def("keep_rows", &model_keep_rows, py::arg("x"), py::arg("keep"),
+           R"doc(Keep live rows `keep` of the open pass (early exit): x (C-contiguous
+float32 [T_live, hidden]) gets x[:n] = x[keep] in place, and so do the rows'
+rotary angles, mask rows and cache rows; later layers take x[:n] and write
+each kept row's keys / values at the cache row of its original position in
+the pass. keep: int64 [n], strictly increasing, keep[0] == 0, < T_live
+(indices of the live rows now; may be called several times per pass).
+end_pass still commits all T rows. ValueError for a bad keep.)doc")
+      .def_property_readonly("live_rows", &NativeModel::live_rows,
+                             "Rows still running in the open pass (0 if none is open).")
       .def("end_pass", &NativeModel::end_pass, py::arg("cache"),
            "Commit the pass's T rows to the cache (length += T).")
       .def("embed", &model_embed, py::arg("table"), py::arg("qtype"), py::arg("n_rows"),
@@ -379,6 +464,28 @@ the cache's capacity (call cache.reserve first).)doc")
            "out[t] = row ids[t] of an [n_rows, hidden] table of ggml qtype bytes, as float32.")
       .def("rms_norm", &model_rms_norm, py::arg("x"), py::arg("weight"), py::arg("out"),
            "out = rms_norm(x) * weight for float32 x, out [R, hidden] and weight [hidden].");
+
+  m.def("probe_scores", &probe_scores, py::arg("x"), py::arg("parent_rows"), py::arg("parents"),
+        py::arg("table"), py::arg("qtype"), py::arg("norm_w"), py::arg("eps"),
+        py::arg("draft_logp"), py::arg("sibling_rank"), py::arg("depth"), py::arg("weights"),
+        py::arg("lens_out"), py::arg("logit_out"),
+        R"doc(Early-exit probe scores of n tree nodes (lever.probe).
+
+x float32 [T_live, H] (C-contiguous): hidden states after the probe's layer;
+parent_rows int64 [n]: the row of x holding each node's parent; parents
+int64 [n]: each node's parent id (equal parents: siblings); table uint8
+(C-contiguous, n * row_bytes bytes): row j = the output head row of node j's
+token, ggml type qtype; norm_w float32 [H]: the final norm weight; eps: its
+epsilon; draft_logp, sibling_rank, depth float32 [n]; weights float64 [6].
+Writes lens_out and logit_out (float32 [n]):
+  lens[j] = rms_norm(x[parent_rows[j]]) * norm_w . dequant(table row j)  (fp32)
+  margin[j] = lens[j] - max(lens[i] : parents[i] == parents[j])
+  logit[j] = w0 + w1 lens + w2 margin + w3 draft_logp + w4 sibling_rank + w5 depth
+ValueError naming a bad argument. Releases the GIL.)doc");
+  m.def("prune_closure", &prune_closure, py::arg("parents"), py::arg("keep_self"),
+        R"doc(kept (bool [n]): node j kept iff keep_self[j] and its parent is kept; node 0
+always kept. parents int64 [n] (parents[0] == -1, 0 <= parents[j] < j);
+keep_self bool or uint8 [n]. ValueError for bad parents or lengths.)doc");
 
   m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("n_rows"),
         py::arg("out"),

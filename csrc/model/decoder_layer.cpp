@@ -15,6 +15,7 @@
 #include "model/decoder_layer.h"
 
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -114,6 +115,8 @@ void NativeModel::begin_pass(const int64_t* positions, size_t T, const uint8_t* 
   L_ = L;
   cache_ = &cache;
   mask_.assign(mask, mask + T * (L + T));
+  slots_.resize(T);
+  for (size_t t = 0; t < T; ++t) slots_[t] = L + t;
 
   // Rotary tables: angle = position * inv_freq (fp32), as rope_cos_sin in torch.
   const size_t half = dims_.head_dim / 2;
@@ -147,11 +150,11 @@ void NativeModel::check_pass(const KVCache& cache) const {
   }
 }
 
-void NativeModel::rope(float* x, size_t n_heads, size_t stride) const {
+void NativeModel::rope(float* x, size_t rows, size_t n_heads, size_t stride) const {
   // Rotate-half: for i < d/2, (a, b) = (x[i], x[i + d/2]) becomes
   // (a cos - b sin, b cos + a sin), as x * cos + rotate_half(x) * sin in torch.
   const size_t d = dims_.head_dim, half = d / 2;
-  for (size_t t = 0; t < T_; ++t) {
+  for (size_t t = 0; t < rows; ++t) {
     const float* c = cos_.data() + t * half;
     const float* s = sin_.data() + t * half;
     for (size_t h = 0; h < n_heads; ++h) {
@@ -168,9 +171,10 @@ void NativeModel::rope(float* x, size_t n_heads, size_t stride) const {
 void NativeModel::layer(float* x, size_t x_rows, const LayerLayout& layout, const uint8_t* buffer,
                         size_t buffer_nbytes, KVCache& cache, size_t layer_index) {
   check_pass(cache);
-  if (x_rows != T_) {
+  const size_t T = live_rows();  // rows still running (the pass's T until keep_rows)
+  if (x_rows != T) {
     throw std::invalid_argument("x has " + std::to_string(x_rows) + " rows, the pass has " +
-                                std::to_string(T_));
+                                std::to_string(T) + " live rows");
   }
   if (layer_index >= cache.n_layers()) {
     throw std::invalid_argument("layer index " + std::to_string(layer_index) +
@@ -178,7 +182,7 @@ void NativeModel::layer(float* x, size_t x_rows, const LayerLayout& layout, cons
                                 " layers");
   }
   const LayerTensors w = layout.resolve(dims_, buffer, buffer_nbytes);
-  const size_t T = T_, H = dims_.hidden, d = dims_.head_dim;
+  const size_t H = dims_.hidden, d = dims_.head_dim;
   const size_t q_cols = dims_.n_heads * d, kv_cols = dims_.n_kv_heads * d;
   if (T == 0) return;
 
@@ -187,11 +191,12 @@ void NativeModel::layer(float* x, size_t x_rows, const LayerLayout& layout, cons
   project(norm_.data(), T, H, w.q, w.has_bias ? &w.q_bias : nullptr, vec_, q_.data());
   project(norm_.data(), T, H, w.k, w.has_bias ? &w.k_bias : nullptr, vec_, k_.data());
   project(norm_.data(), T, H, w.v, w.has_bias ? &w.v_bias : nullptr, vec_, v_.data());
-  rope(q_.data(), dims_.n_heads, q_cols);
-  rope(k_.data(), dims_.n_kv_heads, kv_cols);
-  cache.write(layer_index, k_.data(), v_.data(), T, kv_cols);
+  rope(q_.data(), T, dims_.n_heads, q_cols);
+  rope(k_.data(), T, dims_.n_kv_heads, kv_cols);
+  cache.write_rows(layer_index, k_.data(), v_.data(), slots_.data(), T, kv_cols);
 
-  const AttentionShape shape{dims_.n_heads, dims_.n_kv_heads, T, L_ + T, d};
+  // T live queries over all L + T_ rows of the pass (mask_ rows have L_ + T_ columns).
+  const AttentionShape shape{dims_.n_heads, dims_.n_kv_heads, T, L_ + T_, d};
   attention(shape, q_.data(), ElemType::kF32, /*q_head=*/d, /*q_row=*/q_cols,
             cache.keys(layer_index), cache.values(layer_index), cache.dtype(), cache.head_stride(),
             cache.row_stride(), mask_.data(), 1.0f / std::sqrt(static_cast<float>(d)),
@@ -211,6 +216,45 @@ void NativeModel::layer(float* x, size_t x_rows, const LayerLayout& layout, cons
   }
   project(gate_.data(), T, I, w.down, nullptr, vec_, proj_.data());
   for (size_t i = 0; i < T * H; ++i) x[i] += proj_[i];
+}
+
+void NativeModel::keep_rows(float* x, size_t x_rows, const int64_t* keep, size_t n) {
+  if (!active_) throw std::invalid_argument("keep_rows: no pass open: call begin_pass first");
+  const size_t live = live_rows();
+  if (x_rows != live) {
+    throw std::invalid_argument("keep_rows: x has " + std::to_string(x_rows) +
+                                " rows, the pass has " + std::to_string(live) + " live rows");
+  }
+  if (n == 0 || keep[0] != 0) {
+    throw std::invalid_argument("keep_rows: keep must start with row 0 (the first row is always kept)");
+  }
+  for (size_t i = 1; i < n; ++i) {
+    if (keep[i] <= keep[i - 1]) {
+      throw std::invalid_argument("keep_rows: keep must be strictly increasing (keep[" +
+                                  std::to_string(i) + "] = " + std::to_string(keep[i]) + ")");
+    }
+  }
+  if (static_cast<size_t>(keep[n - 1]) >= live) {
+    throw std::invalid_argument("keep_rows: keep[" + std::to_string(n - 1) + "] = " +
+                                std::to_string(keep[n - 1]) + " is outside the " +
+                                std::to_string(live) + " live rows");
+  }
+  // keep[i] >= i, so moving rows to the front in order never overwrites a
+  // row before it is read.
+  const size_t H = dims_.hidden, half = dims_.head_dim / 2, cols = L_ + T_;
+  for (size_t i = 0; i < n; ++i) {
+    const auto src = static_cast<size_t>(keep[i]);
+    if (src == i) continue;
+    std::memcpy(x + i * H, x + src * H, H * sizeof(float));
+    std::memcpy(cos_.data() + i * half, cos_.data() + src * half, half * sizeof(float));
+    std::memcpy(sin_.data() + i * half, sin_.data() + src * half, half * sizeof(float));
+    std::memcpy(mask_.data() + i * cols, mask_.data() + src * cols, cols);
+    slots_[i] = slots_[src];
+  }
+  cos_.resize(n * half);
+  sin_.resize(n * half);
+  mask_.resize(n * cols);
+  slots_.resize(n);
 }
 
 void NativeModel::end_pass(KVCache& cache) {

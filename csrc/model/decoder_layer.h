@@ -4,6 +4,9 @@
 //   model.begin_pass(positions, mask, cache)   rotary tables, the [T, L + T] mask
 //   for each layer i: model.layer(x, layout_i, buffer_i, cache, i)
 //   model.end_pass(cache)                      cache.length += T
+// Between layers, model.keep_rows(x, keep) may drop rows of the pass (early
+// exit): later layers run the kept ("live") rows only, writing their keys and
+// values at the cache rows of their original positions in the pass, L + i.
 // layer() computes, for the residual stream x [T, hidden] (in place):
 //   h = rms_norm(x) ; q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
 //   q, k rotated by RoPE (rotate-half) ; k, v appended to the cache at rows L..L+T
@@ -49,16 +52,34 @@ class NativeModel {
   // cache of other dims, std::runtime_error if length + T > capacity.
   void begin_pass(const int64_t* positions, size_t T, const uint8_t* mask, size_t mask_cols,
                   const KVCache& cache);
-  // Runs layer `layer_index` on x [T, hidden] (contiguous, in place);
-  // x_rows must equal the pass's T.
+  // Runs layer `layer_index` on x [T_live, hidden] (contiguous, in place);
+  // x_rows must equal live_rows() (the pass's T until keep_rows drops rows).
+  // Row t's keys / values go to cache row slot(t); its queries attend over the
+  // L + T cache rows of the pass that its mask row allows.
   void layer(float* x, size_t x_rows, const LayerLayout& layout, const uint8_t* buffer, size_t buffer_nbytes,
              KVCache& cache, size_t layer_index);
-  // Commits the pass's T rows to the cache and ends the pass.
+  // Keeps live rows keep[0..n) of the pass, in order: x row i <- row keep[i]
+  // (x: x_rows = live_rows() rows of hidden floats, compacted in place), and
+  // likewise each row's rotary angles, mask row and cache slot. keep indexes
+  // the live rows at the time of the call (it may be called several times in
+  // a pass) and must be strictly increasing, start at 0 (the first row is
+  // always kept) and stay below live_rows(); std::invalid_argument otherwise
+  // (nothing changed). The mask keeps its L + T columns: kept rows still see
+  // the original rows they saw, and must never see a dropped one (the caller
+  // keeps ancestor-closed sets; not checked here).
+  void keep_rows(float* x, size_t x_rows, const int64_t* keep, size_t n);
+  // Rows still running in the open pass (0 if none is open).
+  size_t live_rows() const { return active_ ? slots_.size() : 0; }
+  // Cache row of live row t (L + its original index in the pass).
+  size_t slot(size_t t) const { return slots_.at(t); }
+  // Commits the pass's T rows to the cache (all T, dropped rows included:
+  // their rows past the layer they were dropped at are left unwritten) and
+  // ends the pass.
   void end_pass(KVCache& cache);
 
  private:
   void check_pass(const KVCache& cache) const;
-  void rope(float* x, size_t n_heads, size_t stride) const;  // in place, T rows
+  void rope(float* x, size_t rows, size_t n_heads, size_t stride) const;  // in place
 
   LayerDims dims_;
   float rms_eps_, rope_theta_;
@@ -68,8 +89,10 @@ class NativeModel {
   bool active_ = false;
   size_t T_ = 0, L_ = 0;
   const KVCache* cache_ = nullptr;
-  std::vector<float> cos_, sin_;  // [T, head_dim / 2]
-  std::vector<uint8_t> mask_;     // [T, L + T]
+  // Per live row (rows dropped by keep_rows removed, order kept):
+  std::vector<float> cos_, sin_;  // [T_live, head_dim / 2]
+  std::vector<uint8_t> mask_;     // [T_live, L + T]: columns are cache rows
+  std::vector<size_t> slots_;     // [T_live]: the row's cache row, L + original index
 
   // Scratch activations, sized by begin_pass.
   std::vector<float> norm_, q_, k_, v_, attn_, proj_, gate_, up_, vec_;

@@ -96,28 +96,37 @@ void KVCache::check_fits(size_t n_rows) const {
   }
 }
 
-void KVCache::write(size_t layer, const float* k, const float* v, size_t T, size_t stride) {
-  if (layer >= n_layers_) throw std::invalid_argument("KVCache: layer index out of range");
-  check_fits(length_ + T);
-  for (size_t t = 0; t < T; ++t) {
-    for (size_t h = 0; h < n_kv_heads_; ++h) {
-      const float* ks = k + t * stride + h * head_dim_;
-      const float* vs = v + t * stride + h * head_dim_;
-      uint8_t* kd = row_ptr(k_.get(), layer, h, length_ + t);
-      uint8_t* vd = row_ptr(v_.get(), layer, h, length_ + t);
-      if (dtype_ == ElemType::kF32) {
-        std::memcpy(kd, ks, head_dim_ * sizeof(float));
-        std::memcpy(vd, vs, head_dim_ * sizeof(float));
-      } else {
-        auto* kb = reinterpret_cast<uint16_t*>(kd);
-        auto* vb = reinterpret_cast<uint16_t*>(vd);
-        for (size_t c = 0; c < head_dim_; ++c) {
-          kb[c] = fp32_to_bf16(ks[c]);
-          vb[c] = fp32_to_bf16(vs[c]);
-        }
+void KVCache::write_row(size_t layer, const float* k, const float* v, size_t slot) {
+  for (size_t h = 0; h < n_kv_heads_; ++h) {
+    const float* ks = k + h * head_dim_;
+    const float* vs = v + h * head_dim_;
+    uint8_t* kd = row_ptr(k_.get(), layer, h, slot);
+    uint8_t* vd = row_ptr(v_.get(), layer, h, slot);
+    if (dtype_ == ElemType::kF32) {
+      std::memcpy(kd, ks, head_dim_ * sizeof(float));
+      std::memcpy(vd, vs, head_dim_ * sizeof(float));
+    } else {
+      auto* kb = reinterpret_cast<uint16_t*>(kd);
+      auto* vb = reinterpret_cast<uint16_t*>(vd);
+      for (size_t c = 0; c < head_dim_; ++c) {
+        kb[c] = fp32_to_bf16(ks[c]);
+        vb[c] = fp32_to_bf16(vs[c]);
       }
     }
   }
+}
+
+void KVCache::write(size_t layer, const float* k, const float* v, size_t T, size_t stride) {
+  if (layer >= n_layers_) throw std::invalid_argument("KVCache: layer index out of range");
+  check_fits(length_ + T);
+  for (size_t t = 0; t < T; ++t) write_row(layer, k + t * stride, v + t * stride, length_ + t);
+}
+
+void KVCache::write_rows(size_t layer, const float* k, const float* v, const size_t* slots,
+                         size_t n, size_t stride) {
+  if (layer >= n_layers_) throw std::invalid_argument("KVCache: layer index out of range");
+  for (size_t t = 0; t < n; ++t) check_fits(slots[t] + 1);
+  for (size_t t = 0; t < n; ++t) write_row(layer, k + t * stride, v + t * stride, slots[t]);
 }
 
 void KVCache::advance(size_t n) {

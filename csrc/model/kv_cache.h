@@ -51,6 +51,13 @@ class KVCache {
   // Write T rows of fp32 keys and values, each [T, n_kv_heads * head_dim]
   // with row stride `stride` elements, into `layer` at rows [length, length + T).
   void write(size_t layer, const float* k, const float* v, size_t T, size_t stride);
+  // Write n rows of fp32 keys and values (layout as write) into `layer`, row t
+  // at cache row slots[t] (slots need not be contiguous: a pass whose rows were
+  // pruned keeps writing its surviving rows at their original rows). Throws
+  // std::invalid_argument for a bad layer, std::runtime_error (as check_fits)
+  // for a slot >= capacity; nothing is written then.
+  void write_rows(size_t layer, const float* k, const float* v, const size_t* slots, size_t n,
+                  size_t stride);
   // Commit the rows written by the last pass: length += n.
   void advance(size_t n);
 
@@ -67,6 +74,8 @@ class KVCache {
  private:
   size_t layer_elems() const { return n_kv_heads_ * capacity_ * head_dim_; }
   uint8_t* row_ptr(uint8_t* base, size_t layer, size_t head, size_t row) const;
+  // One row of keys and values (n_kv_heads * head_dim fp32 each) to cache row `slot`.
+  void write_row(size_t layer, const float* k, const float* v, size_t slot);
 
   size_t n_layers_, n_kv_heads_, head_dim_, capacity_;
   ElemType dtype_;

@@ -46,7 +46,9 @@ class SpecConfig:
     min(1, p/q) rule, exact in distribution but not draw for draw).
     draft_ahead: while the target verifies a tree, let a draft model draft
     ahead along its own path past the tree (lever.draft.ahead; worth it when a
-    pass stalls on flash or on the network; prompt lookup never drafts ahead)."""
+    pass stalls on flash or on the network; prompt lookup never drafts ahead).
+    pruner: None, or the early-exit pass hook of the target's passes
+    (lever.probe.prune.ProbePruner; a target in this process only)."""
 
     mode: str = "tree"
     draft_len: int = 4
@@ -54,6 +56,7 @@ class SpecConfig:
     policy: object = field(default=None, compare=False)
     rule: str = "exact"
     draft_ahead: bool = False
+    pruner: object = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -61,6 +64,8 @@ class SpecConfig:
         if self.rule not in RULES or (self.rule == "leviathan" and self.mode != "chain"):
             raise LeverError(f"rule {self.rule!r} is not available in mode {self.mode} "
                              f"(rules: exact; leviathan with mode chain)")
+        if self.pruner is not None and self.rule == "leviathan":
+            raise LeverError("early-exit probes need the exact rule (the Leviathan rule cannot verify a pruned chain)")
         if self.draft_len < 1:
             raise LeverError(f"--draft-len must be >= 1, got {self.draft_len}")
         if self.mode == "lever" and self.policy is None:
@@ -107,6 +112,8 @@ class SpecStats:
                                           # excludes it (it runs beside verify_s)
     tree_sizes: list[int] = field(default_factory=list)
     policy: dict | None = None            # the tree policy's report() (mode lever: GainCostPolicy's)
+    probes: object = None                 # early-exit pruning over this run (lever.probe.prune.PruneStats;
+                                          # None: no pruner)
 
     @property
     def mean_accepted_length(self) -> float:
@@ -136,6 +143,7 @@ class SpecStats:
                              "io_stall": round(self.stall_s, 4), "accept": round(self.accept_s, 4)},
             **({"draft_ahead": self.ahead.to_json()} if self.ahead is not None else {}),
             **({"lever": self.policy} if self.policy is not None else {}),
+            **({"probes": self.probes.to_json()} if self.probes is not None else {}),
         }
 
 
@@ -145,8 +153,14 @@ def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int],
                          on_token=None) -> tuple[GenerationResult, SpecStats]:
     """Generate with the target's exact output, using `drafter` to propose tokens."""
     check_context(len(prompt_ids), max_new_tokens + spec.max_depth, target.config.max_context)
-    verifier = TargetVerifier(target, params, capacity=len(prompt_ids) + max_new_tokens + spec.max_tree_nodes + 2)
-    return run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
+    verifier = TargetVerifier(target, params, capacity=len(prompt_ids) + max_new_tokens + spec.max_tree_nodes + 2,
+                              pass_hook=spec.pruner)
+    if spec.pruner is None:
+        return run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
+    before = spec.pruner.stats.copy()
+    result, stats = run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
+    stats.probes = spec.pruner.stats.since(before)
+    return result, stats
 
 
 def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,

@@ -55,12 +55,13 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
                  read_limit_bytes_per_s: float = 0.0, dtype="bfloat16",
                  params: SamplingParams = SamplingParams(), cache_dir=None, max_nodes: int = DEFAULT_MAX_NODES,
                  max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK, force_profile: bool = False,
-                 tune_ring: bool = False, progress: bool = True) -> GainCostPolicy:
+                 tune_ring: bool = False, progress: bool = True, pruning=None) -> GainCostPolicy:
     """The gain-cost policy for `target` (a model of the numpy protocol, see
     lever.model.loading, or a StreamedDecoder, loaded from `target_id`) drafted
     by `drafter` (a ModelDrafter).  tune_ring: a streamed target's read ring
     depth is chosen from the profile (lever.cost.ring_depth; `--prefetch-depth
-    auto`), which may re-plan the target's pinned extents under the same budget."""
+    auto`), which may re-plan the target's pinned extents under the same budget.
+    pruning: the survival forecast of early-exit pruning (lever.probe.choice.prune_forecast)."""
     draft_path = drafter.path if isinstance(drafter, ModelDrafter) else None
     if draft_path is None:
         raise LeverError("mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
@@ -79,7 +80,7 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
         return shipped_calibration(model_sha256(draft_path, cache_dir), model_sha256(target_id, cache_dir), params)
 
     policy = GainCostPolicy(CostModel(profile), load_calibration(path, start), max_nodes=max_nodes,
-                            max_depth=max_depth, topk=topk)
+                            max_depth=max_depth, topk=topk, pruning=pruning)
     policy.calibration_path = path
     return policy
 

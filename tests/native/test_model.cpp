@@ -5,8 +5,12 @@
 //  - model_layer_tree_rows_equal_sequential_decode: a token verified inside
 //    a tree pass gets bit for bit the numbers it gets when its path is decoded
 //    one token at a time (Q8_0 and F32 weights; fp32 and bf16 caches).
+//  - model_keep_rows_*: a tree pass pruned between layers (early exit,
+//    NativeModel::keep_rows) gives every surviving row, and its keys / values
+//    in every layer, the same bits as the unpruned pass; bad keeps throw.
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -313,4 +317,224 @@ TEST(model_rms_norm_rows_reference) {
     const double inv = 1.0 / std::sqrt(ms / n + kEps);
     for (size_t i = 0; i < n; ++i) CHECK_NEAR(out[r * n + i], w[i] * x[r * n + i] * inv, 1e-5);
   }
+}
+
+// ---------------------------------------------------------------------------
+// Early exit: keep_rows between layers.
+
+namespace {
+
+// Tree (node: parent) verified after `kPrefix` committed rows over 3 layers.
+const std::vector<int> kTreeParent = {-1, 0, 0, 1, 2, 3, 1, 4};
+const size_t kPrefix = 3, kLayers = 3;
+
+struct TreePass {
+  std::vector<TinyLayer> layers;
+  std::vector<float> prefix_x, node_x;
+  std::vector<int64_t> pos;
+  std::vector<uint8_t> mask;  // [n, kPrefix + n]
+};
+
+TreePass make_tree_pass(int matrix_type) {
+  TreePass p;
+  for (size_t i = 0; i < kLayers; ++i) p.layers.push_back(make_layer(matrix_type, 40 + i));
+  lever_test::Rng rng(77);
+  const size_t n = kTreeParent.size();
+  p.prefix_x = random_rows(rng, kPrefix);
+  p.node_x = random_rows(rng, n);
+  std::vector<int> depth(n, 0);
+  for (size_t i = 1; i < n; ++i) depth[i] = depth[kTreeParent[i]] + 1;
+  p.pos.resize(n);
+  p.mask.assign(n * (kPrefix + n), 0);
+  for (size_t i = 0; i < n; ++i) {
+    p.pos[i] = static_cast<int64_t>(kPrefix) + depth[i];
+    for (size_t c = 0; c < kPrefix; ++c) p.mask[i * (kPrefix + n) + c] = 1;
+    for (int a = static_cast<int>(i); a >= 0; a = kTreeParent[a])
+      p.mask[i * (kPrefix + n) + kPrefix + a] = 1;
+  }
+  return p;
+}
+
+// A cache holding the prefix, run through every layer.
+void fill_prefix(NativeModel& model, const TreePass& p, KVCache& cache) {
+  std::vector<float> x = p.prefix_x;
+  std::vector<int64_t> pos = {0, 1, 2};
+  std::vector<uint8_t> mask = causal_mask(0, kPrefix);
+  model.begin_pass(pos.data(), kPrefix, mask.data(), kPrefix, cache);
+  for (size_t i = 0; i < kLayers; ++i) {
+    LayerLayout layout(p.layers[i].entries);
+    model.layer(x.data(), kPrefix, layout, p.layers[i].buffer.data(), p.layers[i].buffer.size(),
+                cache, i);
+  }
+  model.end_pass(cache);
+}
+
+// The tree pass; prunes[i] (if non-empty) is the keep given after layer i.
+// Returns the final live rows [T_live, hidden]; `slots` gets the live rows'
+// cache rows at the end.
+std::vector<float> run_tree_pass(NativeModel& model, const TreePass& p, KVCache& cache,
+                                 const std::vector<std::vector<int64_t>>& prunes,
+                                 std::vector<size_t>* slots) {
+  const size_t n = kTreeParent.size();
+  std::vector<float> x = p.node_x;
+  model.begin_pass(p.pos.data(), n, p.mask.data(), kPrefix + n, cache);
+  size_t live = n;
+  for (size_t i = 0; i < kLayers; ++i) {
+    LayerLayout layout(p.layers[i].entries);
+    model.layer(x.data(), live, layout, p.layers[i].buffer.data(), p.layers[i].buffer.size(), cache,
+                i);
+    if (i < prunes.size() && !prunes[i].empty()) {
+      model.keep_rows(x.data(), live, prunes[i].data(), prunes[i].size());
+      live = prunes[i].size();
+    }
+  }
+  if (slots) {
+    slots->clear();
+    for (size_t t = 0; t < model.live_rows(); ++t) slots->push_back(model.slot(t));
+  }
+  model.end_pass(cache);
+  x.resize(live * kDims.hidden);
+  return x;
+}
+
+void check_pruned_pass_bitwise(int matrix_type, ElemType cache_type) {
+  const size_t n = kTreeParent.size(), H = kDims.hidden;
+  TreePass p = make_tree_pass(matrix_type);
+  NativeModel model(kDims, kEps, kTheta);
+
+  KVCache full(kLayers, kDims.n_kv_heads, kDims.head_dim, 32, cache_type);
+  fill_prefix(model, p, full);
+  std::vector<float> want = run_tree_pass(model, p, full, {}, nullptr);
+
+  // After layer 0 drop nodes 2, 4, 7 (node 2's subtree): live nodes 0 1 3 5 6.
+  // After layer 1 drop live row 3 (node 5, a leaf): live nodes 0 1 3 6.
+  KVCache pruned(kLayers, kDims.n_kv_heads, kDims.head_dim, 32, cache_type);
+  fill_prefix(model, p, pruned);
+  std::vector<size_t> slots;
+  std::vector<float> got = run_tree_pass(model, p, pruned, {{0, 1, 3, 5, 6}, {0, 1, 2, 4}}, &slots);
+  const std::vector<size_t> survivors = {0, 1, 3, 6};
+  CHECK_EQ(pruned.length(), kPrefix + n);  // end_pass commits all T rows
+  REQUIRE(got.size() == survivors.size() * H);
+  REQUIRE(slots.size() == survivors.size());
+  for (size_t t = 0; t < survivors.size(); ++t) {
+    CHECK_EQ(slots[t], kPrefix + survivors[t]);
+    long diff = lever_test::first_bit_difference(got.data() + t * H,
+                                                 want.data() + survivors[t] * H, H);
+    CHECK_MSG(diff < 0, "type " << type_name(matrix_type) << " node " << survivors[t]
+                                << " final hidden differs at element " << diff);
+  }
+
+  // Keys / values: the prefix and every row still live when a layer ran.
+  const std::vector<std::vector<size_t>> live_at = {
+      {0, 1, 2, 3, 4, 5, 6, 7}, {0, 1, 3, 5, 6}, {0, 1, 3, 6}};
+  const size_t len = kPrefix + n;
+  std::vector<float> kf(kDims.n_kv_heads * len * kDims.head_dim), vf(kf.size());
+  std::vector<float> kp(kf.size()), vp(kf.size());
+  for (size_t layer = 0; layer < kLayers; ++layer) {
+    full.read_rows(layer, kf.data(), vf.data());
+    pruned.read_rows(layer, kp.data(), vp.data());
+    std::vector<size_t> rows = {0, 1, 2};
+    for (size_t node : live_at[layer]) rows.push_back(kPrefix + node);
+    for (size_t h = 0; h < kDims.n_kv_heads; ++h) {
+      for (size_t r : rows) {
+        const size_t off = (h * len + r) * kDims.head_dim;
+        CHECK_MSG(lever_test::first_bit_difference(kp.data() + off, kf.data() + off,
+                                                   kDims.head_dim) < 0 &&
+                      lever_test::first_bit_difference(vp.data() + off, vf.data() + off,
+                                                       kDims.head_dim) < 0,
+                  "type " << type_name(matrix_type) << " layer " << layer << " kv head " << h
+                          << " cache row " << r << " differs");
+      }
+    }
+  }
+}
+
+template <typename F>
+bool throws_invalid(F f) {
+  try {
+    f();
+  } catch (const std::invalid_argument&) {
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST(model_keep_rows_surviving_rows_bitwise_q8_0) {
+  for (Isa isa : kAllIsas) {
+    if (!isa_available(isa)) continue;
+    NOTE("isa " << isa_name(isa));
+    set_default_isa(isa);
+    check_pruned_pass_bitwise(kTypeQ8_0, ElemType::kF32);
+    check_pruned_pass_bitwise(kTypeQ8_0, ElemType::kBF16);
+  }
+  set_default_isa(Isa::kAuto);
+}
+
+TEST(model_keep_rows_surviving_rows_bitwise_f32) {
+  check_pruned_pass_bitwise(kTypeF32, ElemType::kF32);
+}
+
+TEST(model_keep_rows_rejects_bad_keep) {
+  const size_t n = kTreeParent.size(), H = kDims.hidden;
+  TreePass p = make_tree_pass(kTypeF32);
+  NativeModel model(kDims, kEps, kTheta);
+  KVCache cache(kLayers, kDims.n_kv_heads, kDims.head_dim, 32, ElemType::kF32);
+  std::vector<float> x = p.node_x;
+  const std::vector<int64_t> ok = {0, 2};
+  CHECK(throws_invalid([&] { model.keep_rows(x.data(), n, ok.data(), ok.size()); }));  // no pass
+  model.begin_pass(p.pos.data(), n, p.mask.data(), n, cache);
+  CHECK_EQ(model.live_rows(), n);
+  CHECK_EQ(model.slot(3), size_t{3});
+  const std::vector<std::vector<int64_t>> bad = {
+      {}, {1, 2}, {0, 2, 2}, {0, 3, 2}, {0, static_cast<int64_t>(n)}, {0, -1}};
+  for (const auto& keep : bad) {
+    CHECK_MSG(throws_invalid([&] { model.keep_rows(x.data(), n, keep.data(), keep.size()); }),
+              "a keep of " << keep.size() << " rows was accepted");
+  }
+  CHECK(throws_invalid([&] { model.keep_rows(x.data(), n - 1, ok.data(), ok.size()); }));
+  CHECK_EQ(model.live_rows(), n);  // nothing changed
+  CHECK(lever_test::first_bit_difference(x.data(), p.node_x.data(), n * H) < 0);
+
+  // Then a good keep; the layer wants the live rows only.
+  model.keep_rows(x.data(), n, ok.data(), ok.size());
+  CHECK_EQ(model.live_rows(), size_t{2});
+  CHECK_EQ(model.slot(1), size_t{2});
+  CHECK(lever_test::first_bit_difference(x.data() + H, p.node_x.data() + 2 * H, H) < 0);
+  LayerLayout layout(p.layers[0].entries);
+  CHECK(throws_invalid([&] {
+    model.layer(x.data(), n, layout, p.layers[0].buffer.data(), p.layers[0].buffer.size(), cache, 0);
+  }));
+  model.layer(x.data(), 2, layout, p.layers[0].buffer.data(), p.layers[0].buffer.size(), cache, 0);
+  model.end_pass(cache);
+  CHECK_EQ(cache.length(), n);
+}
+
+TEST(kv_cache_write_rows_at_slots) {
+  KVCache cache(1, 2, 4, 8, ElemType::kF32);
+  std::vector<float> k(2 * 8), v(2 * 8);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<float>(i);
+    v[i] = -static_cast<float>(i);
+  }
+  const std::vector<size_t> slots = {5, 2};
+  cache.write_rows(0, k.data(), v.data(), slots.data(), 2, 8);
+  cache.advance(6);
+  std::vector<float> kr(2 * 6 * 4), vr(kr.size());
+  cache.read_rows(0, kr.data(), vr.data());
+  for (size_t h = 0; h < 2; ++h)
+    for (size_t t = 0; t < 2; ++t)
+      for (size_t c = 0; c < 4; ++c) {
+        CHECK_EQ(kr[(h * 6 + slots[t]) * 4 + c], k[t * 8 + h * 4 + c]);
+        CHECK_EQ(vr[(h * 6 + slots[t]) * 4 + c], v[t * 8 + h * 4 + c]);
+      }
+  const std::vector<size_t> outside = {8};
+  bool overflow = false;
+  try {
+    cache.write_rows(0, k.data(), v.data(), outside.data(), 1, 8);
+  } catch (const std::runtime_error&) {
+    overflow = true;
+  }
+  CHECK(overflow);
 }

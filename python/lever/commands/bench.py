@@ -62,6 +62,10 @@ def add_arguments(p) -> None:
                    help=f"modes to compare, each {MODE_HELP}; tree:N = node budget N, topk {TREE_TOPK}, "
                         f"depth {TREE_DEPTH}; lever = the gain-cost policy (default: {' '.join(FULL['modes'])}, "
                         f"plus lever with a draft model; ar is always included)")
+    p.add_argument("--probes", default="off", choices=["on", "off", "auto"],
+                   help="on: every drafting mode also runs as its +probes twin (early-exit pruning with the "
+                        "probe of `lever probe train`), side by side; auto: so when the target's probe was found "
+                        "worth running; off: modes run as written (default)")
     p.add_argument("--prompts", type=arg_types.integer(1, MAX_BENCH_PROMPTS), default=None, metavar="N",
                    help=f"first N prompts of the set (default {FULL['prompts']})")
     p.add_argument("--prompt-set", type=arg_types.name, default="v1", metavar="VERSION",
@@ -116,8 +120,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     from ..policy import save_calibration
     from .bench_aggregate import summarize
     from .bench_plot import plot
-    from .bench_report import (print_ahead, print_checks, print_header, print_lever, print_table, result_document,
-                               write_outputs)
+    from .bench_report import (io_share_label, print_ahead, print_checks, print_header, print_lever, print_probes,
+                               print_table, result_document, write_outputs)
     from .bench_runs import check_against_ar, mode_runs, timed_runs
     from .bench_setup import load_draft, load_target, plan_bench, warm_up
     from .generate import kernel_info
@@ -136,6 +140,7 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     print_table(aggregates, resident_agg, b.streamed)
     print_lever(aggregates)
     print_ahead(aggregates)
+    print_probes(aggregates, io_share_label(b))
     for pol in b.policies:
         save_calibration(pol)
     print_checks(b.params, checks)

@@ -41,6 +41,7 @@ def aggregate(label: str, runs: list, divergences: list[dict] | None, is_ar: boo
                          "accept": round(sum(s.accept_s for s in stats), 4)},
         "draft_hidden_under_io": _hidden_share(stats),
         **({"draft_ahead": _ahead_totals(stats)} if any(s.ahead is not None for s in stats) else {}),
+        **({"probes": _probe_totals(stats)} if any(s.probes is not None for s in stats) else {}),
         "per_category": {c: totals([x for x in runs if x[0]["category"] == c])
                          for c in dict.fromkeys(x[0]["category"] for x in runs)},
     }
@@ -73,6 +74,29 @@ def _ahead_totals(stats: list) -> dict:
     return {**total.to_json(), "iterations": sum(s.iterations for s in stats)}
 
 
+def _probe_totals(stats: list) -> dict:
+    """Early-exit pruning counters summed over the runs (lever.probe.prune.PruneStats)."""
+    from ..probe.prune import PruneStats
+    total = PruneStats()
+    for s in (s.probes for s in stats if s.probes is not None):
+        total = PruneStats(*(getattr(total, f) + getattr(s, f) for f in PruneStats.__dataclass_fields__))
+    return total.to_json()
+
+
+def compare_probes(modes: list, aggregates: dict) -> None:
+    """For each +probes mode, its tokens/s ratio and accepted length lost against
+    the same mode without probes, when that ran too (into its "probes" entry)."""
+    for m in modes:
+        a, base = aggregates.get(m.label), aggregates.get(m.base_label)
+        if not m.probes or a is None or "probes" not in a or base is None or base is a:
+            continue
+        a["probes"]["vs_without"] = {
+            "mode": m.base_label,
+            "tokens_per_s_ratio": round(a["tokens_per_s"] / base["tokens_per_s"], 4) if base["tokens_per_s"] else None,
+            "accepted_length_lost": round(base["mean_accepted_length"] - a["mean_accepted_length"], 3),
+            "mean_tree_size_without": base["mean_tree_size"]}
+
+
 def summarize(b, runs: list, raw: dict[str, list], checks: dict[str, list[dict]], memory: dict[str, dict],
               resident_asked: bool) -> tuple[dict, dict | None]:
     """(aggregates by mode label, the resident reference's or None): each with
@@ -96,6 +120,7 @@ def summarize(b, runs: list, raw: dict[str, list], checks: dict[str, list[dict]]
                           b.calibration_start[b.policies.index(pol)],
                           "io_share_n1": round(pol.cost.io_share(1), 4),
                           "profile_pass_s": pol.cost.summary()["pass_s"]}
+    compare_probes(b.modes, aggregates)
     for label, a in aggregates.items():
         a["memory"] = memory.get(label)
     resident_agg = aggregates.pop(RESIDENT, None)

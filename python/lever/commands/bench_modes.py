@@ -1,5 +1,6 @@
 """`lever bench` mode specs: 'ar', 'chain:K', 'tree:N[:TOPK:DEPTH]', 'lever[:N]', each
-drafting one optionally with '+ahead' (draft ahead while the target verifies).
+drafting one optionally with '+ahead' (draft ahead while the target verifies)
+and/or '+probes' (early-exit pruning of the target's passes, lever.probe).
 
 A BenchMode is a label and the engine configuration it runs; `parse_modes`
 reads --modes (ar is the reference and is added unless asked not to).
@@ -14,8 +15,9 @@ from .limits import MAX_DRAFT_LEN, MAX_TREE_DEPTH, MAX_TREE_NODES, MAX_TREE_TOPK
 
 TREE_TOPK, TREE_DEPTH = 4, 8
 RESIDENT = "resident"
-MODE_HELP = "ar | chain:K | tree:N[:TOPK:DEPTH] | lever[:N], drafting ones with an optional +ahead"
+MODE_HELP = "ar | chain:K | tree:N[:TOPK:DEPTH] | lever[:N], drafting ones with an optional +ahead and/or +probes"
 AHEAD = "+ahead"
+PROBES = "+probes"
 LEVER = "lever"
 
 
@@ -27,6 +29,12 @@ class BenchMode:
     spec: object                     # lever.engine.SpecConfig (mode lever: set once the policy is built)
     lever_nodes: int = 0             # mode lever: draft nodes per tree at most
     draft_ahead: bool = False        # the draft extends the tree being verified (SpecConfig.draft_ahead)
+    probes: bool = False             # the target's passes are pruned early (SpecConfig.pruner, set once loaded)
+
+    @property
+    def base_label(self) -> str:
+        """The label of the same mode without probes ('lever' for 'lever+probes')."""
+        return self.label.removesuffix(PROBES) if self.probes else self.label
 
     @property
     def max_draft(self) -> int:
@@ -40,18 +48,27 @@ class BenchMode:
 
 
 def parse_mode(text: str) -> BenchMode:
-    """A mode spec (`parse_base_mode`), with '+ahead' after a drafting one: the
-    same mode drafting ahead while the target verifies."""
+    """A mode spec (`parse_base_mode`), then optionally '+ahead' (a drafting mode
+    drafting ahead while the target verifies) and '+probes' (early-exit pruning
+    of the target's tree passes), in that order."""
     from dataclasses import replace
 
     base = text.strip().lower()
-    if not base.endswith(AHEAD):
-        return parse_base_mode(base)
-    m = parse_base_mode(base[:-len(AHEAD)])
-    if not m.uses_draft:
-        raise LeverError(f"bad mode spec {text!r}: {AHEAD} needs a drafting mode (chain, tree or lever)")
-    spec = replace(m.spec, draft_ahead=True) if m.spec is not None else None
-    return BenchMode(m.label + AHEAD, spec, m.lever_nodes, draft_ahead=True)
+    probes = base.endswith(PROBES)
+    base = base.removesuffix(PROBES)
+    ahead = base.endswith(AHEAD)
+    m = parse_base_mode(base.removesuffix(AHEAD))
+    for on, suffix in ((ahead, AHEAD), (probes, PROBES)):
+        if on and not m.uses_draft:
+            raise LeverError(f"bad mode spec {text!r}: {suffix} needs a drafting mode (chain, tree or lever)")
+    if probes and m.spec is not None and m.spec.rule != "exact":
+        raise LeverError(f"bad mode spec {text!r}: {PROBES} needs the exact rule")
+    if ahead:
+        spec = replace(m.spec, draft_ahead=True) if m.spec is not None else None
+        m = BenchMode(m.label + AHEAD, spec, m.lever_nodes, draft_ahead=True)
+    if probes:
+        m = BenchMode(m.label + PROBES, m.spec, m.lever_nodes, m.draft_ahead, probes=True)
+    return m
 
 
 def parse_base_mode(text: str) -> BenchMode:
@@ -121,3 +138,16 @@ def spec_json(m: BenchMode) -> dict:
     return {"mode": s.mode, "draft_ahead": s.draft_ahead, "draft_len": s.draft_len if s.mode == "chain" else None,
             "tree": ({"budget": s.tree.budget, "topk": s.tree.topk, "depth": s.tree.depth}
                      if s.mode == "tree" else None)}
+
+
+def with_probe_twins(modes: list[BenchMode]) -> list[BenchMode]:
+    """`modes` with, after each drafting mode without probes, its +probes twin (unless listed)."""
+    labels = {m.label for m in modes}
+    out = []
+    for m in modes:
+        out.append(m)
+        twin = m.label + PROBES
+        if m.uses_draft and not m.probes and twin not in labels and (m.spec is None or m.spec.rule == "exact"):
+            out.append(parse_mode(twin))
+            labels.add(twin)
+    return out

@@ -63,6 +63,18 @@ def print_header(args, b, kernels: dict) -> None:
               flush=True)
 
 
+def io_share_label(b) -> str:
+    """The I/O setting of a bench in words: all streamed, k/L layers pinned, or resident."""
+    if not b.streamed:
+        return "in memory"
+    plan, n_layers = b.target.plan, b.manifest.config.n_layers
+    if not plan.streamed:
+        return "resident (every extent pinned)"
+    if plan.pinned_layers == 0:
+        return "all streamed"
+    return f"{plan.pinned_layers}/{n_layers} layers pinned"
+
+
 def _fmt_mismatch(a: dict) -> str:
     if a["mode"] == "ar":
         return "(reference)"
@@ -126,6 +138,23 @@ def print_ahead(aggregates: dict) -> None:
                   f"{100 * da['hidden_share']:.0f}% beside the target's pass); the next tree reused them in "
                   f"{da['reused_iterations']} of {da['iterations']} iterations ({da['reused_nodes']} expansions)",
                   flush=True)
+
+
+def print_probes(aggregates: dict, io_share: str) -> None:
+    """One line per +probes mode: rows pruned per pass, compute saved, accepted length
+    lost, online recall and net tokens/s against the mode without probes."""
+    for a in aggregates.values():
+        pr = a.get("probes")
+        if not pr:
+            continue
+        vs = pr.get("vs_without")
+        recall = "n/a" if pr["online_recall"] is None else f"{pr['online_recall']:.3f}"
+        against = (f"{vs['tokens_per_s_ratio']:.3f}x {vs['mode']} (accepted length lost {vs['accepted_length_lost']:+.3f})"
+                   if vs and vs["tokens_per_s_ratio"] is not None else "no run without probes")
+        print(f"# probes {a['mode']} [{io_share}]: {pr['pruned_per_pass']:.2f} rows pruned per pass of "
+              f"{a['mean_tree_size'] + 1:.1f}, {100 * pr['compute_saved']:.1f}% of layer rows skipped, scoring "
+              f"{pr['score_ms_per_pass']:.2f} ms/pass, online recall {recall}, {a['tokens_per_s']:.2f} tok/s = "
+              f"{against}", flush=True)
 
 
 def print_checks(params, checks: dict[str, list[dict]]) -> None:

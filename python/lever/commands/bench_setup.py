@@ -7,12 +7,13 @@ Sizes are bytes, times seconds, KV and prompt lengths tokens.
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import LeverError, StoreError
-from .bench_modes import LEVER, BenchMode, parse_modes
+from .bench_modes import LEVER, BenchMode, parse_modes, with_probe_twins
 
 QUICK = dict(prompts=2, new_tokens=16, modes=["ar", "chain:4", "tree:16"])
 FULL = dict(prompts=10, new_tokens=64, modes=["ar", "chain:4", "chain:6", "chain:8", "tree:16", "tree:32", "tree:64"])
@@ -46,6 +47,7 @@ class BenchSetup:
     calibration_start: list[int] = field(default_factory=list)
     page_cache: str = "not dropped"
     raw_read_bps: float | None = None  # the store's raw sequential read rate (bytes/s)
+    probe_twins: set = field(default_factory=set)   # +probes modes added by --probes on|auto
 
     @property
     def target(self):
@@ -85,6 +87,9 @@ def plan_bench(args) -> BenchSetup:
 
     n_prompts, new_tokens = counts(args)
     modes, ar_added = parse_modes(mode_texts(args), add_ar=not args.no_ar_reference)
+    asked = {m.label for m in modes}
+    if args.probes != "off":
+        modes = with_probe_twins(modes)        # --probes auto drops them again without a worthwhile probe
     check_options(args, modes)
     try:
         params = SamplingParams(temperature=args.temperature, seed=args.seed)
@@ -92,7 +97,8 @@ def plan_bench(args) -> BenchSetup:
         raise LeverError(str(e)) from None
     prompts = load_prompts(args.prompt_set, args.categories, n_prompts)
     out_dir = Path(args.out) if args.out else default_out_dir()
-    return BenchSetup(prompts, new_tokens, modes, ar_added, params, out_dir)
+    return BenchSetup(prompts, new_tokens, modes, ar_added, params, out_dir,
+                      probe_twins={m.label for m in modes} - asked)
 
 
 def counts(args) -> tuple[int, int]:
@@ -179,17 +185,25 @@ def load_draft(args, b: BenchSetup) -> None:
     b.drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels)
                  if b.needs_draft else None)
     b.stop_ids = frozenset() if args.ignore_eos else b.loaded.tokenizer.eos_token_ids
+    from ..probe.choice import probe_forecast, probe_pruner
+    if b.probe_twins and args.probes == "auto" and probe_pruner(b.target, "auto", b.loaded.path,
+                                                                 args.cache_dir) is None:
+        print("lever bench: --probes auto: no probe worth running for this target; running without the "
+              "+probes twins", file=sys.stderr)
+        b.modes = [m for m in b.modes if m.label not in b.probe_twins]
     for i, m in enumerate(b.modes):
+        pruner = probe_pruner(b.target, "on", b.loaded.path, args.cache_dir) if m.probes else None
+        if pruner is not None and not m.lever_nodes:
+            b.modes[i] = m = replace(m, spec=replace(m.spec, pruner=pruner))
         if m.lever_nodes:
             from ..policy import lever_policy
             policy = lever_policy(b.target, b.drafter, target_id=b.loaded.path, kernels=args.kernels,
                                   reader=args.reader, read_limit_bytes_per_s=args.read_limit if b.streamed else 0.0,
                                   dtype=args.dtype, params=b.params, cache_dir=args.cache_dir,
                                   max_nodes=m.lever_nodes, tune_ring=b.streamed and args.prefetch_depth == "auto",
-                                  progress=not args.no_progress)
+                                  progress=not args.no_progress, pruning=probe_forecast(pruner))
             b.policies.append(policy)
-            b.modes[i] = BenchMode(m.label, SpecConfig(LEVER, policy=policy, draft_ahead=m.draft_ahead),
-                                   m.lever_nodes, m.draft_ahead)
+            b.modes[i] = replace(m, spec=SpecConfig(LEVER, policy=policy, draft_ahead=m.draft_ahead, pruner=pruner))
     b.calibration_start = [p.calibration.observations for p in b.policies]
 
 

@@ -65,6 +65,10 @@ def add_parser(subparsers) -> None:
     spec.add_argument("--draft-ahead", action="store_true",
                       help="while the target verifies a tree, a draft model extends it along its own most "
                            "likely path; the next tree reuses that when the target accepts it (output unchanged)")
+    spec.add_argument("--probes", default="auto", choices=["on", "off", "auto"],
+                      help="early-exit pruning of the target's tree passes with the probe trained for it "
+                           "(`lever probe train`): on, off, or auto = on when a probe exists and its training "
+                           "found it worth running (default auto)")
     spec.add_argument("--reprofile", action="store_true",
                       help="mode lever: measure the device profile again even if one is cached")
     add_reader_options(flash)
@@ -126,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    drafter, spec, policy = None, None, None
+    drafter, spec, policy, pruner = None, None, None, None
     if args.draft or mode != "ar":
         from ..api import make_drafter
         from ..draft.base import TreeShape
@@ -138,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         if args.draft:
             drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                                    kernels=args.kernels)
+        from ..probe.choice import probe_forecast, probe_pruner
+        pruner = probe_pruner(loaded.model, args.probes if mode != "ar" else "off", loaded.path, args.cache_dir)
         if mode == "lever":
             from ..policy import lever_policy
             from ..sampling import SamplingParams
@@ -148,8 +154,9 @@ def run(args: argparse.Namespace) -> int:
                 params=SamplingParams(args.temperature, args.top_p, args.top_k, args.seed),
                 cache_dir=args.cache_dir, max_nodes=args.lever_max_nodes, max_depth=args.lever_max_depth,
                 topk=args.lever_topk, force_profile=args.reprofile,
-                tune_ring=bool(args.target_store) and args.prefetch_depth == "auto", progress=True)
-        spec = SpecConfig(mode, args.draft_len, shape, policy=policy, draft_ahead=args.draft_ahead)
+                tune_ring=bool(args.target_store) and args.prefetch_depth == "auto", progress=True,
+                pruning=probe_forecast(pruner))
+        spec = SpecConfig(mode, args.draft_len, shape, policy=policy, draft_ahead=args.draft_ahead, pruner=pruner)
     completion = loaded.generate(prompt, max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                  seed=args.seed, chat=not args.no_chat,
@@ -168,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         if args.target_store:
             out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), page_cache)
         out["memory"] = memory_report(memory)
+        out["probes"] = pruner.stats.to_json() if pruner is not None else None
         print(json.dumps(out))
     else:
         sys.stdout.write("\n")
@@ -180,6 +188,11 @@ def run(args: argparse.Namespace) -> int:
                   f"(max {lv['tree_size']['max']}), accepted length predicted "
                   f"{lv['accepted_length']['predicted_mean']:.2f} / realised {lv['accepted_length']['realised_mean']:.2f}]",
                   file=sys.stderr)
+        if pruner is not None:
+            ps = pruner.stats.to_json()
+            print(f"[probes: layer {pruner.probe.layer}, {ps['pruned_per_pass']:.1f} draft nodes pruned per pass, "
+                  f"{100 * ps['compute_saved']:.1f}% of layer rows skipped, online recall "
+                  f"{ps['online_recall'] if ps['online_recall'] is not None else 'n/a'}]", file=sys.stderr)
         print_memory_line(memory, sys.stderr)
     return 0
 
@@ -194,6 +207,9 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
         raise LeverError("--remote needs --draft NAME: a draft model that drafts and tokenizes on this device")
     if args.target_store:
         raise LeverError("--remote and --target-store both name a target; choose one")
+    if args.probes == "on":
+        raise LeverError("--probes on prunes a target in this process; with --remote the server verifies "
+                         "(run it with --probes off or auto)")
     try:
         shape = TreeShape(args.tree_budget, args.tree_topk, args.tree_depth)
     except ValueError as e:

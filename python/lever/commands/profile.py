@@ -38,6 +38,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-n", type=arg_types.integer(1, MAX_TREE_NODES), default=256, metavar="N",
                    help=f"largest tree (tokens per target pass) to measure, 1..{MAX_TREE_NODES} (default 256)")
     p.add_argument("--force", action="store_true", help="measure again even if a cached profile exists")
+    p.add_argument("--probes", default="auto", choices=["on", "off", "auto"],
+                   help="also predict passes pruned early by the target's probe (`lever probe train`) at its "
+                        "held-out survival: on, off, or auto = when a probe exists and was found worth running "
+                        "(default auto)")
     add_cache_dir(p)
     p.add_argument("--json", action="store_true", help="print the profile as JSON instead of the table")
     p.add_argument("--plot", type=arg_types.output_file, default=None, metavar="PATH",
@@ -93,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
                           dtype=args.dtype)
         profile = load_or_measure(target, draft.model, key, cache_dir=args.cache_dir, force=args.force,
                                   progress=progress, n_grid=n_grid, draft_grid=DEFAULT_DRAFT_GRID)
+        from ..probe.choice import probe_forecast, probe_pruner
+        forecast = probe_forecast(probe_pruner(target, args.probes, loaded.path, args.cache_dir))
     finally:
         if hasattr(target, "close"):
             target.close()
@@ -101,10 +107,14 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from ..cost.plot import plot_cost_model
         plot_cost_model(model, args.plot, title=f"{loaded.path.name} + {draft.path.name}")
+    pruned = forecast.cost(model) if forecast is not None else None
     if args.json:
-        print(json.dumps({**profile.to_json(), "memory": memory_report(memory)}, indent=1))
+        print(json.dumps({**profile.to_json(), "memory": memory_report(memory),
+                          "probes": pruned_summary(pruned)}, indent=1))
     else:
         print_table(model, loaded.path.name, draft.path.name)
+        if pruned is not None:
+            print_pruned(pruned)
         print(f"profile: {path}")
         if args.plot:
             print(f"plot: {args.plot}")
@@ -141,6 +151,24 @@ def print_table(model, target_name: str, draft_name: str) -> None:
     print("draft forward: " + ", ".join(f"f={f} {draft[f - 1] * 1e3:.1f} ms" for f in p.draft_grid))
     print(f"iteration overhead {model.iteration_overhead_s * 1e3:.2f} ms")
     print_spread_and_validation(p)
+
+
+def pruned_summary(pruned) -> dict | None:
+    """Predicted pass seconds with early-exit pruning (None without a probe)."""
+    if pruned is None:
+        return None
+    from ..cost.cost_model import SUMMARY_N
+    verify = pruned.verify_s(max(SUMMARY_N))
+    return {"after_layer": pruned.after_layer, "survive": pruned.survive,
+            "pass_s": {n: float(verify[n - 1]) for n in SUMMARY_N}}
+
+
+def print_pruned(pruned) -> None:
+    """The pass curve when the probe prunes after its layer at its held-out survival."""
+    from ..cost.cost_model import SUMMARY_N
+    verify = pruned.verify_s(max(SUMMARY_N))
+    print(f"pass with probes (pruned after layer {pruned.after_layer}, {pruned.survive:.0%} of draft rows "
+          f"surviving): " + ", ".join(f"n={n} {verify[n - 1] * 1e3:,.1f} ms" for n in SUMMARY_N))
 
 
 def print_spread_and_validation(p) -> None:

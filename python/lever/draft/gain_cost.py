@@ -75,10 +75,16 @@ class GainCostPolicy:
     iteration_overhead_s). max_nodes: draft nodes per tree at most; max_depth:
     deepest node; topk: children the draft offers per expanded node.
     adapt: rescale the cost curves online by realised / predicted seconds.
+    pruning: None, or a lever.cost.pruning.PruneForecast: the target's passes
+    are pruned early (lever.probe), so a pass over n tokens costs what the
+    forecast's surviving rows cost in the layers after the probe; the
+    curves follow the forecast as it learns.
     """
 
+    SURVIVE_STEP = 0.02        # re-read the cost curves when the forecast moved this much
+
     def __init__(self, cost, calibration: AcceptanceCalibration | None = None, max_nodes: int = 255,
-                 max_depth: int = 12, topk: int = 4, adapt: bool = True):
+                 max_depth: int = 12, topk: int = 4, adapt: bool = True, pruning=None):
         if max_nodes < 1 or max_depth < 1 or topk < 1:
             raise LeverError(f"lever policy needs max_nodes, max_depth and topk >= 1, "
                              f"got {max_nodes}, {max_depth}, {topk}")
@@ -87,6 +93,7 @@ class GainCostPolicy:
         self.max_nodes, self.max_depth, self.topk, self.adapt = max_nodes, max_depth, topk, adapt
         self._overhead_s = float(cost.iteration_overhead_s)
         self.draft_factor = 1.0
+        self.pruning = pruning
         self._read_cost()
         self.record = LeverRecord()
 
@@ -94,11 +101,18 @@ class GainCostPolicy:
         """Take the cost curves (again). A cost model that learns by itself (a
         remote verifier's, lever.remote.cost) bumps its `revision`; its verify
         curve then replaces the online correction."""
-        self._verify_s = np.asarray(self.cost.verify_s(self.max_nodes + 1), dtype=np.float64)
-        self._draft_s = np.asarray(self.cost.draft_s(max(self.max_nodes + 1, 1)), dtype=np.float64)
-        self._hidden_draft_s = np.asarray(self.cost.hidden_draft_curve(self.max_nodes + 1), dtype=np.float64)
+        self._read_curves()
         self.drift = CostDrift(self.max_nodes + 1, self.cost.spread)
         self._cost_revision = getattr(self.cost, "revision", None)
+
+    def _read_curves(self) -> None:
+        """The verify, draft and hidden-draft curves of the cost model, pruned by
+        the forecast when there is one (lever.cost.pruning)."""
+        cost = self.cost if self.pruning is None else self.pruning.cost(self.cost)
+        self._survive = None if self.pruning is None else self.pruning.survive
+        self._verify_s = np.asarray(cost.verify_s(self.max_nodes + 1), dtype=np.float64)
+        self._draft_s = np.asarray(cost.draft_s(max(self.max_nodes + 1, 1)), dtype=np.float64)
+        self._hidden_draft_s = np.asarray(cost.hidden_draft_curve(self.max_nodes + 1), dtype=np.float64)
 
     # -- one iteration ----------------------------------------------------------------
 
@@ -132,6 +146,8 @@ class GainCostPolicy:
             raise LeverError("mode lever needs a draft model (prompt lookup has no probabilities to calibrate)")
         if getattr(self.cost, "revision", None) != self._cost_revision:
             self._read_cost()
+        elif self.pruning is not None and abs(self.pruning.survive - self._survive) > self.SURVIVE_STEP:
+            self._read_curves()
         grower = self.grower()
         t_grow = time.perf_counter()
         drafter.begin_tree()
@@ -221,6 +237,7 @@ class GainCostPolicy:
                                 "hidden_draft_s": {str(n): round(float(self._hidden_draft_s[n - 1]), 5)
                                                    for n in (1, 8, 16, 32) if n <= len(self._hidden_draft_s)}},
             "cost_drift": self.drift.report(),
+            **({"pruning_survive": round(self.pruning.survive, 4)} if self.pruning is not None else {}),
             "calibration": self.calibration.calibration_error(),
         }
 

@@ -107,7 +107,7 @@ class NativeDecoder:
         return self.forward(*args, **kwargs)
 
     def forward(self, tokens, positions, mask, cache, logits_rows=None, head: str = "logits",
-                topk: int | None = None):
+                topk: int | None = None, layer_hook=None):
         """Run T new tokens through the model, appending (and committing) their
         keys/values to `cache`.
 
@@ -119,6 +119,17 @@ class NativeDecoder:
         maximum; head="topk" (with topk=K): (ids int64 [R, K], logprobs
         float32 [R, K]), each row's K best tokens (lever.model.topk_head).
         "argmax" and "topk" never make the [R, vocab] logits.
+
+        layer_hook: None, or `hook(i, x) -> keep` called after decoder layer i
+        with the live rows' residual stream x (float32 [T_live, hidden], a
+        view: copy what you keep).  keep None keeps every row; otherwise it
+        is int64 indices into the live rows, strictly increasing, row 0 first
+        (lever.probe.prune: early-exit pruning), and layers i+1.. run those
+        rows only: their keys/values still go to the cache rows of their
+        original positions in the pass, so `cache.compact` by original row
+        stays valid, and the output has one row per surviving row (in
+        order).  A pruned row's cache rows in layers i+1.. are never written:
+        it must not be committed.  logits_rows must be None with a hook.
         """
         if head not in HEADS:
             raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
@@ -131,9 +142,11 @@ class NativeDecoder:
             raise ValueError(f"positions has shape {positions.shape}, expected ({t},)")
         if mask.shape != (t, cache.length + t):
             raise ValueError(f"mask has shape {mask.shape}, expected ({t}, {cache.length + t})")
+        if layer_hook is not None and logits_rows is not None:
+            raise ValueError("logits_rows must be None when a layer_hook may prune rows")
         with self._pass_lock:                      # see __init__: one pass at a time per model
             cache.reserve(cache.length + t)        # grows by doubling when short of rows
-            x = self._layers(tokens, positions, mask, cache)
+            x = self._layers(tokens, positions, mask, cache, layer_hook)
             if logits_rows is not None:
                 x = x[np.asarray(logits_rows, dtype=np.int64)]
             out = self._head(np.ascontiguousarray(x), head, n_top)
@@ -141,8 +154,9 @@ class NativeDecoder:
             self.stats.tokens += t
         return out
 
-    def _layers(self, tokens, positions, mask, cache) -> np.ndarray:
-        """Embedding and decoder layers: the final hidden states, float32 [T, hidden]."""
+    def _layers(self, tokens, positions, mask, cache, layer_hook=None) -> np.ndarray:
+        """Embedding and decoder layers: the final hidden states, float32 [T_live, hidden]
+        (T_live = T unless `layer_hook` pruned rows; see `forward`)."""
         x = np.empty((tokens.shape[0], self.config.hidden_size), dtype=np.float32)
         t0 = time.perf_counter()
         self.weights.embed(self.native, tokens, x)
@@ -156,8 +170,20 @@ class NativeDecoder:
                 self._lap(f"layer.{i}", time.perf_counter() - t0)
             finally:
                 release()
+            if layer_hook is not None:
+                x = self._keep(x, layer_hook(i, x))
         self.native.end_pass(cache)
         return x
+
+    def _keep(self, x: np.ndarray, keep) -> np.ndarray:
+        """x compacted to the rows `keep` (None: all) for the layers still to run."""
+        if keep is None or len(keep) == x.shape[0]:
+            return x
+        t0 = time.perf_counter()
+        keep = np.ascontiguousarray(keep, dtype=np.int64)
+        self.native.keep_rows(x, keep)
+        self._lap("prune", time.perf_counter() - t0)
+        return x[:len(keep)]
 
     def _head(self, x: np.ndarray, head: str, n_top: int = 0):
         """Final norm and output head over the hidden states x [R, hidden]

@@ -192,6 +192,12 @@ class ResidentWeights:
         check_token_ids(ids, self.vocab_size)
         native.embed(self.embedding, self.embedding_qtype, self.vocab_size, ids, out)
 
+    def head_rows(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """(uint8 [len(ids), row bytes], ggml type): the output head's rows of
+        token ids `ids` as stored (the early-exit probe's lens, lever.probe)."""
+        check_token_ids(ids, self.vocab_size)
+        return self.head.reshape(self.vocab_size, -1)[ids], self.head_parts[0][2]
+
 
 def check_token_ids(ids: np.ndarray, vocab_size: int) -> None:
     """ValueError naming the first id of `ids` outside 0..vocab_size-1."""

@@ -48,6 +48,7 @@ from .manifest import WEIGHTS, Extent, StoreManifest
 from .residency import ResidencyPlan, plan_residency
 
 EMBED_CACHE_ROWS = 4096           # embedding rows kept (stored form)
+HEAD_CACHE_ROWS = 256             # output head rows kept for the early-exit probe (~320 KB for a 1.5B model)
 
 
 @dataclass
@@ -90,6 +91,7 @@ class StreamedWeights:
         self.embed_qtype = embed[0].tensors[0].qtype
         self.embed_row_bytes = embed[0].tensors[0].nbytes // embed[0].tensors[0].shape[0]
         self._embed_rows: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._head_rows: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._verified_chunks: set[tuple[str, int]] = set()     # (extent, chunk) of embedding rows
         self._streamed = plan.streamed
         self._position = {e.name: k for k, e in enumerate(self._streamed)}
@@ -199,27 +201,41 @@ class StreamedWeights:
         check_token_ids(ids, self.config.vocab_size)
         table = np.empty((len(ids), self.embed_row_bytes), dtype=np.uint8)
         for i, tok in enumerate(ids.tolist()):
-            table[i] = self._row(tok)
+            table[i] = self._row(tok, self.manifest.embedding_parts, self._embed_rows, EMBED_CACHE_ROWS)
         native.embed(table.reshape(-1), self.embed_qtype, len(ids), np.arange(len(ids), dtype=np.int64), out)
 
-    def _row(self, tok: int) -> np.ndarray:
-        """The stored bytes of embedding row `tok` (cached, least recently used dropped)."""
-        row = self._embed_rows.get(tok)
+    def head_rows(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """(uint8 [len(ids), row bytes], ggml type): the output head's rows of token
+        ids `ids` as stored, read on demand like embedding rows (the early-exit
+        probe's lens, lever.probe); the head parts streamed at the end of a pass
+        are not touched."""
+        check_token_ids(ids, self.config.vocab_size)
+        parts = self.manifest.head_parts
+        table = np.empty((len(ids), _row_bytes(parts[0])), dtype=np.uint8)
+        for i, tok in enumerate(ids.tolist()):
+            table[i] = self._row(tok, parts, self._head_rows, HEAD_CACHE_ROWS)
+        return table, parts[0].tensors[0].qtype
+
+    def _row(self, tok: int, parts: list[Extent], cache: collections.OrderedDict, max_rows: int) -> np.ndarray:
+        """The stored bytes of row `tok` of the matrix split over `parts` (embedding
+        or head), kept in `cache` (at most max_rows rows, least recently used dropped)."""
+        row = cache.get(tok)
         if row is not None:
-            self._embed_rows.move_to_end(tok)
+            cache.move_to_end(tok)
             return row
-        part = next(e for e in self.manifest.embedding_parts if e.rows[0] <= tok < e.rows[1])
-        start = part.tensors[0].offset + (tok - part.rows[0]) * self.embed_row_bytes
+        part = next(e for e in parts if e.rows[0] <= tok < e.rows[1])
+        row_bytes = _row_bytes(part)
+        start = part.tensors[0].offset + (tok - part.rows[0]) * row_bytes
         if part.name in self._pinned:
-            return self._pinned[part.name][start:start + self.embed_row_bytes]
-        self._verify_chunks(part, start, self.embed_row_bytes)
-        row = np.frombuffer(os.pread(self._embed_fd, self.embed_row_bytes, part.offset + start), dtype=np.uint8)
+            return self._pinned[part.name][start:start + row_bytes]
+        self._verify_chunks(part, start, row_bytes)
+        row = np.frombuffer(os.pread(self._embed_fd, row_bytes, part.offset + start), dtype=np.uint8)
         self.stats.embedding_bytes += row.nbytes
-        if row.nbytes != self.embed_row_bytes:
-            raise StoreError(f"{self.store_dir / WEIGHTS}: short read of embedding row {tok}")
-        self._embed_rows[tok] = row
-        if len(self._embed_rows) > EMBED_CACHE_ROWS:
-            self._embed_rows.popitem(last=False)
+        if row.nbytes != row_bytes:
+            raise StoreError(f"{self.store_dir / WEIGHTS}: short read of row {tok} of {part.name}")
+        cache[tok] = row
+        if len(cache) > max_rows:
+            cache.popitem(last=False)
         return row
 
     def _verify_chunks(self, e: Extent, start: int, nbytes: int) -> None:
@@ -250,6 +266,12 @@ def _check_types(m: StoreManifest, store_dir: Path) -> None:
                        "; convert the model with `lever convert --dtype bf16`")
     if len({e.tensors[0].qtype for e in m.embedding_parts}) != 1:
         raise StoreError(f"{store_dir}: the embedding parts do not share one tensor type")
+
+
+def _row_bytes(part: Extent) -> int:
+    """Bytes of one row of the matrix an embedding or head part holds."""
+    t = part.tensors[0]
+    return t.nbytes // t.shape[0]
 
 
 def _no_release() -> None:

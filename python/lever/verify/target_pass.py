@@ -59,16 +59,42 @@ def io_counters(target) -> tuple[float, int]:
     return stats.stall_s, stats.bytes_used
 
 
+def surviving_tree(tree: TokenTree, survivors) -> tuple[TokenTree, np.ndarray | None]:
+    """The tree the rule walks when a pass kept only the nodes `survivors` (int64
+    ids, increasing, root first, closed under ancestry; None: every node):
+    (the surviving subtree, its node -> original id map, or None when nothing
+    was pruned).  Out rows come in survivor order, the subtree's node order."""
+    if survivors is None or len(survivors) == len(tree):
+        return tree, None
+    keep = np.zeros(len(tree), dtype=bool)
+    keep[np.asarray(survivors, dtype=np.int64)] = True
+    sub, old_to_new = tree.subtree_prune(keep)
+    if len(sub) != len(survivors):
+        raise LeverError(f"pruning kept {len(survivors)} nodes of a tree but not all their ancestors")
+    return sub, np.asarray(survivors, dtype=np.int64)
+
+
 class TargetVerifier:
     """One sequence's target state: `start(prompt_ids)` prefills, then each
     `verify(tree)` scores a tree under the root and commits its outcome.
 
     params: the sampling settings (temperature 0 = greedy); seed: the base of
     the per-round seeds (params.seed, else a random one); capacity: KV rows
-    to allocate (prompt + new tokens + the largest tree + 2)."""
+    to allocate (prompt + new tokens + the largest tree + 2).
 
-    def __init__(self, target, params: SamplingParams, capacity: int, seed: int | None = None):
+    pass_hook: None, or an object that watches (and may prune) every tree
+    pass: `begin(tree, n_cached)` returns the pass's layer hook
+    (`NativeDecoder.forward`'s layer_hook) or None, and `finish(out)` returns
+    the int64 ids of the tree nodes that survived the pass (None: all), and
+    `verdict(accepted, next_token)` hears the outcome (original node ids).  A
+    pruned node counts as rejected: the rule runs on the surviving subtree,
+    whose rows carry the full model's outputs, so the result stays exact
+    (lever.probe.prune.ProbePruner prunes; lever.probe.traces records)."""
+
+    def __init__(self, target, params: SamplingParams, capacity: int, seed: int | None = None,
+                 pass_hook=None):
         self.target, self.params = target, params
+        self.pass_hook = pass_hook
         base = seed if seed is not None else params.seed
         self.seed = int(base) if base is not None else resolve_seed(params)
         self.cache = target.new_cache(capacity=capacity)
@@ -134,17 +160,27 @@ class TargetVerifier:
         t0 = time.perf_counter()
         n = self.cache.length
         stall0, bytes0 = io_counters(self.target)
+        hook = self.pass_hook
+        layer_hook = hook.begin(tree, n) if hook is not None else None
         out = self.target(tree.tokens().astype(np.int64), tree.positions(n), tree.mask(n), self.cache,
-                          head=head_for(self.params))
+                          head=head_for(self.params), **({"layer_hook": layer_hook} if layer_hook else {}))
+        survivors = hook.finish(out) if hook is not None else None
         stall1, bytes1 = io_counters(self.target)
         t1 = time.perf_counter()
+        scored, old_ids = surviving_tree(tree, survivors)
         if self.params.greedy:
-            accepted, next_token = verify_greedy(tree, out)
+            accepted, next_token = verify_greedy(scored, out)
         elif draft_probs is not None:
+            if old_ids is not None:
+                raise LeverError("the Leviathan rule cannot verify a pruned chain (run it without probes)")
             rng = np.random.default_rng(round_seed(self.seed, n))
             accepted, next_token = verify_chain_leviathan(tree, out, draft_probs, self.params, rng)
         else:
-            accepted, next_token = verify_position_draws(tree, out, self.params, self.seed, n)
+            accepted, next_token = verify_position_draws(scored, out, self.params, self.seed, n)
+        if old_ids is not None:
+            accepted = [int(old_ids[j]) for j in accepted]
+        if hook is not None:
+            hook.verdict(accepted, int(next_token))
         self.cache.compact(tree.compaction_indices(n, accepted))
         self.root = int(next_token)
         self.calls += 1

@@ -1,0 +1,50 @@
+"""`--probes on|off|auto`: whether a run prunes its target passes early, and with what.
+
+- off: never.
+- on: with the probe trained for this target (`lever probe train`); an error
+  when there is none, or when the target is not the native decoder in this
+  process (the torch reference and remote verifiers have no layer hook).
+- auto: as on when the probe file exists and its training found it worth
+  running (`ProbeModel.auto`: ahead of the draft-probability baseline and
+  faster under the cost model on held-out traces); otherwise off, silently.
+"""
+
+from __future__ import annotations
+
+from ..errors import LeverError
+from .prune import ProbePruner
+from .store import load_probe, probe_key_for
+
+PROBE_CHOICES = ("on", "off", "auto")
+NO_PROBE = "run `lever probe record` and `lever probe train` for it first"
+
+
+def probe_pruner(target, choice: str, target_id=None, cache_dir=None) -> ProbePruner | None:
+    """The pass hook that prunes `target`'s passes under `choice` (see module doc), or None."""
+    from ..model.native_decoder import NativeDecoder
+
+    if choice not in PROBE_CHOICES:
+        raise LeverError(f"--probes must be one of {', '.join(PROBE_CHOICES)}, got {choice!r}")
+    if choice == "off":
+        return None
+    if not isinstance(target, NativeDecoder):
+        if choice == "on":
+            raise LeverError("--probes on needs the native decoder (--kernels native) in this process")
+        return None
+    probe = load_probe(probe_key_for(target, target_id), cache_dir)
+    if probe is None:
+        if choice == "on":
+            raise LeverError(f"--probes on: no probe is trained for this target; {NO_PROBE}")
+        return None
+    if choice == "auto" and not probe.auto:
+        return None
+    return ProbePruner(probe, target)
+
+
+def probe_forecast(pruner: ProbePruner | None):
+    """The gain-cost policy's survival forecast of `pruner`'s passes (None without one),
+    starting from the share of draft nodes that survived on the probe's held-out traces."""
+    if pruner is None:
+        return None
+    from ..cost.pruning import PruneForecast
+    return PruneForecast(pruner.stats, pruner.probe.layer, float(pruner.probe.metrics.get("survive", 1.0)))
