@@ -208,3 +208,18 @@ def test_generate_remote_refuses_probes_on(capsys):
     assert main(["generate", "--remote", "http://127.0.0.1:9", "--draft", "x", "--probes", "on",
                  "--prompt", "hi"]) == 2
     assert "--probes on" in capsys.readouterr().err
+
+
+def test_memory_cap_runs_each_probe_twin_in_its_own_child():
+    from lever.cli import build_parser
+    from lever.commands.bench_capped import capped_modes, child_command
+
+    args = build_parser().parse_args(["bench", "--memory-cap", "900MB", "--draft", "x", "--modes", "ar", "tree:8",
+                                      "--probes", "on"])
+    modes = capped_modes(args)
+    assert [m.label for m in modes] == ["ar", "tree:8", "tree:8+probes"]
+    argv = child_command(args, modes[2], "/tmp/x")
+    assert "--probes" not in argv and argv[argv.index("--modes") + 1] == "tree:8+probes"
+    auto = build_parser().parse_args(["bench", "--memory-cap", "900MB", "--probes", "auto"])
+    with pytest.raises(LeverError, match="--probes auto cannot be combined with --memory-cap"):
+        capped_modes(auto)

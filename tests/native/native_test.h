@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,17 @@ inline long first_bit_difference(const float* a, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (!same_bits(a[i], b[i])) return static_cast<long>(i);
   return -1;
+}
+
+// True if f() throws std::invalid_argument (what the core throws for bad arguments).
+template <typename F>
+bool throws_invalid(F f) {
+  try {
+    f();
+  } catch (const std::invalid_argument&) {
+    return true;
+  }
+  return false;
 }
 
 // Reproducible pseudo-random numbers (splitmix64), the same on every platform.

@@ -23,6 +23,8 @@
 
 using namespace lever;
 
+using lever_test::throws_invalid;
+
 namespace {
 
 // hidden 64, 4 query heads and 2 kv heads of 16, intermediate 96: every
@@ -447,16 +449,6 @@ void check_pruned_pass_bitwise(int matrix_type, ElemType cache_type) {
       }
     }
   }
-}
-
-template <typename F>
-bool throws_invalid(F f) {
-  try {
-    f();
-  } catch (const std::invalid_argument&) {
-    return true;
-  }
-  return false;
 }
 
 }  // namespace

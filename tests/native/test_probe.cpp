@@ -16,17 +16,9 @@
 
 using namespace lever;
 
-namespace {
+using lever_test::throws_invalid;
 
-template <typename F>
-bool throws_invalid(F f) {
-  try {
-    f();
-  } catch (const std::invalid_argument&) {
-    return true;
-  }
-  return false;
-}
+namespace {
 
 // n rows of H values of `type`, random: Q8_0 blocks or fp32 / fp16 values.
 std::vector<uint8_t> random_table(lever_test::Rng& rng, int type, size_t n, size_t H) {

@@ -9,6 +9,8 @@
 
 using lever::TokenTree;
 
+using lever_test::throws_invalid;
+
 namespace {
 
 // root(5) -> a(1) -> c(3)
@@ -18,16 +20,6 @@ TokenTree sample_tree() {
   return TokenTree::from_arrays(std::vector<int32_t>{5, 1, 2, 3, 4, 6},
                                 std::vector<int32_t>{-1, 0, 0, 1, 2, 2},
                                 std::vector<float>{0, -0.5f, -1.0f, -0.25f, -2.0f, -3.0f});
-}
-
-template <typename F>
-bool throws_invalid(F f) {
-  try {
-    f();
-  } catch (const std::invalid_argument&) {
-    return true;
-  }
-  return false;
 }
 
 }  // namespace

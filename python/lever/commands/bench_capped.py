@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 from ..errors import LeverError
-from .bench_modes import BenchMode, parse_modes
+from .bench_modes import BenchMode, parse_modes, with_probe_twins
 from .bench_setup import check_options, counts, default_out_dir, mode_texts
 
 CHILD_TIMEOUT_S = 3 * 3600           # seconds one mode's child may run
 # options the parent sets per child, never copied from its own command line
-PER_CHILD = {"memory_cap", "modes", "out", "name", "no_progress", "no_ar_reference", "run", "command"}
+PER_CHILD = {"memory_cap", "modes", "out", "name", "no_progress", "no_ar_reference", "run", "command", "probes"}
 
 
 def run_capped_bench(args: argparse.Namespace) -> int:
@@ -86,7 +86,12 @@ def capped_modes(args) -> list[BenchMode]:
     if args.memory_limit is not None and args.memory_limit > args.memory_cap:
         raise LeverError(f"--memory-limit {args.memory_limit / 1e6:,.1f} MB is above --memory-cap "
                          f"{args.memory_cap / 1e6:,.1f} MB: each child would plan for more than its cgroup allows")
+    if args.probes == "auto":
+        raise LeverError("--probes auto cannot be combined with --memory-cap (each mode runs in a child of its "
+                         "own): use --probes on, or name the +probes modes")
     modes, _ = parse_modes(mode_texts(args))
+    if args.probes == "on":             # each +probes twin runs in a child of its own
+        modes = with_probe_twins(modes)
     check_options(args, modes)
     return modes
 

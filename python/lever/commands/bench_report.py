@@ -189,7 +189,7 @@ def result_document(args, b, kernels: dict, aggregates: dict, resident_agg: dict
                    "raw_read_extent_bytes": sweep_extent(b.memory) if b.streamed else None,
                    "dtype": args.dtype, "reader": args.reader, "prefetch_depth": args.prefetch_depth,
                    "drop_caches": args.drop_caches, "page_cache": b.page_cache, "quick": args.quick,
-                   "kernels": kernels,
+                   "kernels": kernels, "probes": args.probes, "io_setting": io_share_label(b),
                    "chat_template": True},
         "machine": machine_info(),
         "target": ({"store": str(b.store), "storage": m.storage, "weights_bytes": m.weights_bytes,

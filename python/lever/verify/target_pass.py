@@ -162,8 +162,9 @@ class TargetVerifier:
         stall0, bytes0 = io_counters(self.target)
         hook = self.pass_hook
         layer_hook = hook.begin(tree, n) if hook is not None else None
+        hooked = {"layer_hook": layer_hook} if layer_hook is not None else {}   # the native decoder's hook
         out = self.target(tree.tokens().astype(np.int64), tree.positions(n), tree.mask(n), self.cache,
-                          head=head_for(self.params), **({"layer_hook": layer_hook} if layer_hook else {}))
+                          head=head_for(self.params), **hooked)
         survivors = hook.finish(out) if hook is not None else None
         stall1, bytes1 = io_counters(self.target)
         t1 = time.perf_counter()
