@@ -223,3 +223,32 @@ def test_memory_cap_runs_each_probe_twin_in_its_own_child():
     auto = build_parser().parse_args(["bench", "--memory-cap", "900MB", "--probes", "auto"])
     with pytest.raises(LeverError, match="--probes auto cannot be combined with --memory-cap"):
         capped_modes(auto)
+
+
+def test_pruning_pays_only_where_the_pass_gets_faster(toy, tmp_path):
+    from lever.cost.device_profile import DeviceProfile, Stage
+    from lever.probe.choice import MIN_SAVING, pruning_pays
+
+    _, target = toy
+    pruner = ProbePruner(probe_of("k", layer=1, survive=0.5), target)
+    compute_bound = profile_model(tmp_path)
+    pays = pruning_pays(compute_bound, pruner)
+    assert not pays(1) and pays(16) and pays(1000)
+    grid = [1, 8, 32]                       # every layer streamed, reads far slower than compute
+    stages = [Stage(f"layer.{i}", "layer", 0.05, 10**7, [1e-5 * n for n in grid]) for i in range(4)]
+    io_bound = CostModel(DeviceProfile(key={}, n_grid=grid, stages=stages, embed_s=[0.0] * 3, draft_grid=[1, 8],
+                                       draft_s=[0.001, 0.002], iteration_overhead_s=0.0001, prefetch_depth=2))
+    pays = pruning_pays(io_bound, pruner)
+    assert not any(pays(n) for n in (2, 16, 32, 256)) and MIN_SAVING > 0
+
+
+def test_an_unscored_pass_runs_whole(toy):
+    from lever.draft.model_drafter import ModelDrafter
+    from lever.draft.base import TreeShape
+    from lever.engine import SpecConfig, speculative_generate
+
+    _, target = toy
+    pruner = ProbePruner(probe_of("k", layer=1), target, pays=lambda n: False)
+    spec = SpecConfig("tree", tree=TreeShape(budget=8, topk=2, depth=4), pruner=pruner)
+    _, stats = speculative_generate(target, ModelDrafter(target), [1, 2, 3], 8, spec=spec)
+    assert pruner.stats.unscored == pruner.stats.passes == stats.iterations and pruner.stats.pruned == 0

@@ -185,7 +185,7 @@ def load_draft(args, b: BenchSetup) -> None:
     b.drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels)
                  if b.needs_draft else None)
     b.stop_ids = frozenset() if args.ignore_eos else b.loaded.tokenizer.eos_token_ids
-    from ..probe.choice import probe_forecast, probe_pruner
+    from ..probe.choice import probe_forecast, probe_pruner, pruning_pays
     if b.probe_twins and args.probes == "auto" and probe_pruner(b.target, "auto", b.loaded.path,
                                                                  args.cache_dir) is None:
         print("lever bench: --probes auto: no probe worth running for this target; running without the "
@@ -203,6 +203,8 @@ def load_draft(args, b: BenchSetup) -> None:
                                   max_nodes=m.lever_nodes, tune_ring=b.streamed and args.prefetch_depth == "auto",
                                   progress=not args.no_progress, pruning=probe_forecast(pruner))
             b.policies.append(policy)
+            if pruner is not None:                 # score a pass only where pruning pays (its cost model)
+                pruner.pays = pruning_pays(policy.cost, pruner)
             b.modes[i] = replace(m, spec=SpecConfig(LEVER, policy=policy, draft_ahead=m.draft_ahead, pruner=pruner))
     b.calibration_start = [p.calibration.observations for p in b.policies]
 

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         if args.draft:
             drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                                    kernels=args.kernels)
-        from ..probe.choice import probe_forecast, probe_pruner
+        from ..probe.choice import probe_forecast, probe_pruner, pruning_pays
         pruner = probe_pruner(loaded.model, args.probes if mode != "ar" else "off", loaded.path, args.cache_dir)
         if mode == "lever":
             from ..policy import lever_policy
@@ -156,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
                 topk=args.lever_topk, force_profile=args.reprofile,
                 tune_ring=bool(args.target_store) and args.prefetch_depth == "auto", progress=True,
                 pruning=probe_forecast(pruner))
+            if pruner is not None:                 # score a pass only where pruning pays (its cost model)
+                pruner.pays = pruning_pays(policy.cost, pruner)
         spec = SpecConfig(mode, args.draft_len, shape, policy=policy, draft_ahead=args.draft_ahead, pruner=pruner)
     completion = loaded.generate(prompt, max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -7,6 +7,11 @@
 - auto: as on when the probe file exists and its training found it worth
   running (`ProbeModel.auto`: ahead of the draft-probability baseline and
   faster under the cost model on held-out traces); otherwise off, silently.
+
+With a cost model at hand (mode lever's), a pass is scored only when the
+model predicts it at least MIN_SAVING faster pruned at the probe's expected
+survival (`pruning_pays`): with the reads of an I/O-bound pass hiding its
+compute, pruning would only lose the pruned nodes' acceptance.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from .prune import ProbePruner
 from .store import load_probe, probe_key_for
 
 PROBE_CHOICES = ("on", "off", "auto")
+MIN_SAVING = 0.02         # share of a pass's seconds pruning must save before a pass is scored
 NO_PROBE = "run `lever probe record` and `lever probe train` for it first"
 
 
@@ -48,3 +54,16 @@ def probe_forecast(pruner: ProbePruner | None):
         return None
     from ..cost.pruning import PruneForecast
     return PruneForecast(pruner.stats, pruner.probe.layer, float(pruner.probe.metrics.get("survive", 1.0)))
+
+
+def pruning_pays(cost, pruner: ProbePruner, max_n: int = 256):
+    """`pays(n)` for `pruner` under `cost` (a lever.cost.cost_model.CostModel): True
+    when a pass over n tree tokens pruned at the probe's held-out survival is
+    predicted at least MIN_SAVING faster than the whole pass."""
+    from ..cost.pruning import PrunedCostModel
+
+    survive = float(pruner.probe.metrics.get("survive", 1.0))
+    whole = cost.verify_s(max_n)
+    pruned = PrunedCostModel(cost, pruner.probe.layer, survive).verify_s(max_n)
+    pays = pruned <= (1.0 - MIN_SAVING) * whole
+    return lambda n: bool(pays[min(n, max_n) - 1])

@@ -39,6 +39,7 @@ class PruneStats:
     """Counters over the passes a `ProbePruner` watched; seconds are wall time."""
 
     passes: int = 0
+    unscored: int = 0            # of those, passes not scored: pruning would not pay (see ProbePruner.pays)
     nodes: int = 0               # draft nodes scored (the root is never scored)
     pruned: int = 0              # draft nodes dropped, subtrees included
     row_layers: int = 0          # rows x decoder layers the passes would have run
@@ -66,7 +67,7 @@ class PruneStats:
         return PruneStats(*(getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)))
 
     def to_json(self) -> dict:
-        return {"passes": self.passes, "nodes": self.nodes, "pruned": self.pruned,
+        return {"passes": self.passes, "unscored": self.unscored, "nodes": self.nodes, "pruned": self.pruned,
                 "pruned_per_pass": round(self.pruned / self.passes, 3) if self.passes else 0.0,
                 "compute_saved": round(self.compute_saved, 4), "score_ms_per_pass":
                     round(1e3 * self.score_s / self.passes, 4) if self.passes else 0.0,
@@ -78,15 +79,20 @@ class ProbePruner:
     """The pass hook of `TargetVerifier` (see its docstring) that prunes with `probe`
     (a lever.probe.store.ProbeModel) on the target `decoder` (a NativeDecoder:
     its weight source gives the head rows, its config the norm and layers).
-    threshold: the logit under which a node is pruned (default the probe's)."""
+    threshold: the logit under which a node is pruned (default the probe's).
+    pays: None, or `pays(n) -> bool` for a pass over n tree tokens: False leaves
+    the pass unscored and whole (lever.probe.choice.pruning_pays: when the
+    cost model says the pass would not get faster -- an I/O-bound pass only
+    loses the pruned nodes' acceptance)."""
 
-    def __init__(self, probe, decoder, threshold: float | None = None):
+    def __init__(self, probe, decoder, threshold: float | None = None, pays=None):
         n_layers = decoder.config.n_layers
         if not 0 <= probe.layer < n_layers - 1:
             raise ValueError(f"probe layer {probe.layer} is outside 0..{n_layers - 2} of a {n_layers}-layer target")
         self.probe, self.decoder = probe, decoder
         self.threshold = float(probe.threshold if threshold is None else threshold)
         self.weights = np.ascontiguousarray(probe.weights, dtype=np.float64)
+        self.pays = pays
         self.stats = PruneStats()
         self._tree: TokenTree | None = None
         self._survivors: np.ndarray | None = None
@@ -97,6 +103,9 @@ class ProbePruner:
         self._tree, self._survivors = tree, None
         n = len(tree)
         if n <= 1:
+            return None
+        if self.pays is not None and not self.pays(n):
+            self.stats.unscored += 1
             return None
         t0 = time.perf_counter()
         parents = tree.parents().astype(np.int64)[1:]
