@@ -151,7 +151,9 @@ def print_probes(aggregates: dict, io_share: str) -> None:
         recall = "n/a" if pr["online_recall"] is None else f"{pr['online_recall']:.3f}"
         against = (f"{vs['tokens_per_s_ratio']:.3f}x {vs['mode']} (accepted length lost {vs['accepted_length_lost']:+.3f})"
                    if vs and vs["tokens_per_s_ratio"] is not None else "no run without probes")
-        print(f"# probes {a['mode']} [{io_share}]: {pr['pruned_per_pass']:.2f} rows pruned per pass of "
+        unscored = (f" ({pr['unscored']} of {pr['passes']} passes not scored: pruning would not pay)"
+                    if pr.get("unscored") else "")
+        print(f"# probes {a['mode']} [{io_share}]{unscored}: {pr['pruned_per_pass']:.2f} rows pruned per pass of "
               f"{a['mean_tree_size'] + 1:.1f}, {100 * pr['compute_saved']:.1f}% of layer rows skipped, scoring "
               f"{pr['score_ms_per_pass']:.2f} ms/pass, online recall {recall}, {a['tokens_per_s']:.2f} tok/s = "
               f"{against}", flush=True)
