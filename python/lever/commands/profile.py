@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     pruned = forecast.cost(model) if forecast is not None else None
     if args.json:
         print(json.dumps({**profile.to_json(), "memory": memory_report(memory),
-                          "probes": pruned_summary(pruned)}, indent=1))
+                          **({"probes": pruned_summary(pruned)} if pruned is not None else {})}, indent=1))
     else:
         print_table(model, loaded.path.name, draft.path.name)
         if pruned is not None:
@@ -153,10 +153,8 @@ def print_table(model, target_name: str, draft_name: str) -> None:
     print_spread_and_validation(p)
 
 
-def pruned_summary(pruned) -> dict | None:
-    """Predicted pass seconds with early-exit pruning (None without a probe)."""
-    if pruned is None:
-        return None
+def pruned_summary(pruned) -> dict:
+    """Predicted pass seconds with early-exit pruning (a PrunedCostModel)."""
     from ..cost.cost_model import SUMMARY_N
     verify = pruned.verify_s(max(SUMMARY_N))
     return {"after_layer": pruned.after_layer, "survive": pruned.survive,
