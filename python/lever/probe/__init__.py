@@ -1,5 +1,5 @@
 """Early-exit probes: score draft tree nodes part-way through the target pass
-and prune those the target will reject (DESIGN.md section 6).
+and prune those the target will reject (README: "Early-exit probes", and Design).
 
 - `features`: the probe's features of a node (numpy reference of the native scorer);
 - `traces`: recording tree passes over a prompt corpus (`lever probe record`);
@@ -7,7 +7,8 @@ and prune those the target will reject (DESIGN.md section 6).
   baseline, held-out recall table, threshold by expected tokens/s (`lever probe train`);
 - `store`: the trained `ProbeModel` on disk, keyed by the target (`load_probe`);
 - `plot`: recall / precision against the threshold (PNG);
-- `prune`: the pass hook that prunes with a probe during verification.
+- `prune`: the pass hook that prunes with a probe during verification;
+- `choice`: `--probes on|off|auto`, and whether pruning pays under a cost model.
 """
 
 from .features import FEATURES, lens_scores, node_features, sibling_ranks
