@@ -108,7 +108,8 @@ class ProbePruner:
             self.stats.unscored += 1
             return None
         t0 = time.perf_counter()
-        parents = tree.parents().astype(np.int64)[1:]
+        self._parents = tree.parents().astype(np.int64)          # node 0's is -1
+        parents = self._parents[1:]
         self._args = (parents, parents,
                       *self.decoder.weights.head_rows(tree.tokens().astype(np.int64)[1:]),
                       self.decoder.weights.norm, float(self.decoder.config.rms_norm_eps),
@@ -128,7 +129,7 @@ class ProbePruner:
         logits = np.empty(n - 1, dtype=np.float32)
         _native.probe_scores(x, *self._args, self.weights, lens, logits)
         keep_self = np.concatenate([[True], logits >= self.threshold])
-        keep = _native.prune_closure(self._tree.parents().astype(np.int64), keep_self)
+        keep = _native.prune_closure(self._parents, keep_self)
         self._survivors = np.flatnonzero(keep).astype(np.int64)
         self.stats.score_s += time.perf_counter() - t0
         return self._survivors
