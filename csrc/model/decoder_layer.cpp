@@ -28,19 +28,6 @@ namespace {
 
 constexpr size_t kLanes = 16;
 
-// Sum of squares of n values: 16 partial sums combined in a fixed order.
-float sum_squares(const float* x, size_t n) {
-  float acc[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) acc[l] += x[i + l] * x[i + l];
-  }
-  for (; i < n; ++i) acc[i % kLanes] += x[i] * x[i];
-  for (size_t w = kLanes / 2; w > 0; w /= 2) {
-    for (size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
-  }
-  return acc[0];
-}
 
 // A norm / bias vector (F32, F16 or BF16 bytes) as fp32 values in dst.
 const float* vector_f32(const TensorView& t, std::vector<float>& dst) {
@@ -63,12 +50,25 @@ void project(const float* x, size_t T, size_t K, const TensorView& w, const Tens
 
 }  // namespace
 
+float dot_f32(const float* a, const float* b, size_t n) {
+  float acc[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  for (; i < n; ++i) acc[i % kLanes] += a[i] * b[i];
+  for (size_t w = kLanes / 2; w > 0; w /= 2) {
+    for (size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  }
+  return acc[0];
+}
+
 void rms_norm_rows(const float* x, size_t R, size_t n, size_t x_stride, const float* w, float eps,
                    float* out, size_t out_stride) {
   for (size_t r = 0; r < R; ++r) {
     const float* xr = x + r * x_stride;
     float* o = out + r * out_stride;
-    const float inv = 1.0f / std::sqrt(sum_squares(xr, n) / static_cast<float>(n) + eps);
+    const float inv = 1.0f / std::sqrt(dot_f32(xr, xr, n) / static_cast<float>(n) + eps);
     for (size_t i = 0; i < n; ++i) o[i] = w[i] * (xr[i] * inv);
   }
 }

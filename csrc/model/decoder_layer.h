@@ -29,6 +29,10 @@
 
 namespace lever {
 
+// Dot product of n fp32 values: 16 partial sums combined in a fixed order (the
+// same bits for the same inputs on every path of one build).
+float dot_f32(const float* a, const float* b, size_t n);
+
 // out[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)) for R rows of n values
 // (row strides in elements). out may equal x.
 void rms_norm_rows(const float* x, size_t R, size_t n, size_t x_stride, const float* w, float eps,

@@ -9,29 +9,10 @@
 
 #include "common/parallel.h"
 #include "kernels/dequant.h"
-#include "model/decoder_layer.h"  // rms_norm_rows
+#include "model/decoder_layer.h"  // rms_norm_rows, dot_f32
 #include "model/dense_matmul.h"   // row_bytes
 
 namespace lever {
-namespace {
-
-constexpr size_t kLanes = 16;
-
-// fp32 dot product of n values: 16 partial sums combined in a fixed order.
-float dot_f32(const float* a, const float* b, size_t n) {
-  float acc[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
-  }
-  for (; i < n; ++i) acc[i % kLanes] += a[i] * b[i];
-  for (size_t w = kLanes / 2; w > 0; w /= 2) {
-    for (size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
-  }
-  return acc[0];
-}
-
-}  // namespace
 
 void probe_scores(const float* x, size_t x_rows, size_t H, const int64_t* parent_rows,
                   const int64_t* parents, size_t n, const uint8_t* table, size_t table_bytes,
