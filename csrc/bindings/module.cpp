@@ -28,6 +28,7 @@ void bind_kernels(py::module_& m);  // csrc/bindings/kernel_bindings.cpp
 void bind_grower(py::module_& m);   // csrc/bindings/grow_bindings.cpp
 void bind_model(py::module_& m);    // csrc/bindings/model_bindings.cpp
 void bind_sampler(py::module_& m);  // csrc/bindings/sampler_bindings.cpp
+void bind_graph(py::module_& m);    // csrc/bindings/graph_bindings.cpp
 
 namespace {
 
@@ -281,4 +282,5 @@ Releases the GIL and runs on the native thread pool.)doc");
   bind_kernels(m);
   bind_model(m);
   bind_sampler(m);
+  bind_graph(m);
 }

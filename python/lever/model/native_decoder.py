@@ -21,10 +21,18 @@ A weight source has:
 - ``embed(native, ids, out)``: writes the embedding rows of `ids` into `out`
   (float32 [T, hidden]);
 - ``norm``: the final norm's weight, float32 [hidden].
+
+The decoder layers themselves run on a *layer runner*: `NativeLayers` (the
+native CPU core, the default) or a static-shape backend's
+(lever.npu.layers.StaticLayers: ONNX Runtime on the CPU or a QNN NPU),
+set with `NativeDecoder.run_layers_on`.  A runner has `new_cache(capacity)`,
+`begin(tokens, positions, mask, cache)`, `run(i, x, layout, buffer, cache)
+-> x`, `end(cache)`, and `keep(x, rows) -> x` if it can prune rows mid-pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -32,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _native
+from ..errors import LeverError
 from .config import ModelConfig
 from .topk_head import check_topk, topk_result, topk_state
 
@@ -57,6 +66,35 @@ class PassStats:
 
     def reset(self) -> None:
         self.__init__()
+
+
+class NativeLayers:
+    """Decoder layers on the native CPU core (`_native.NativeModel.layer`).
+    The pass's state (rope tables, mask, cache slots) lives on `native`."""
+
+    fixed_shapes = False
+    backend = "native"
+
+    def __init__(self, config: ModelConfig, native: "_native.NativeModel", dtype: str):
+        self.config, self.native, self.dtype = config, native, dtype
+
+    def new_cache(self, capacity: int) -> "_native.KVCache":
+        cfg = self.config
+        return _native.KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max(1, int(capacity)), self.dtype)
+
+    def begin(self, tokens, positions, mask, cache) -> None:
+        self.native.begin_pass(positions, mask, cache)
+
+    def run(self, i: int, x: np.ndarray, layout, buffer, cache) -> np.ndarray:
+        self.native.layer(x, layout, buffer, cache, i)
+        return x
+
+    def keep(self, x: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        self.native.keep_rows(x, keep)
+        return x[:len(keep)]
+
+    def end(self, cache) -> None:
+        self.native.end_pass(cache)
 
 
 def native_model(cfg: ModelConfig) -> "_native.NativeModel":
@@ -85,6 +123,7 @@ class NativeDecoder:
         self.dtype = dtype_name(dtype)
         self.stats = stats if stats is not None else PassStats()
         self.native = native_model(config)
+        self.layers = NativeLayers(config, self.native, self.dtype)
         # One pass at a time per model: begin_pass/layer/end_pass keep the pass's
         # state (rope tables, mask, the cache it was given) on `self.native`, so
         # two threads forwarding this model at once would mix their passes.  A
@@ -98,10 +137,19 @@ class NativeDecoder:
         None for a source without them (a streamed store)."""
         return getattr(self.weights, "weight_bytes", None)
 
-    def new_cache(self, capacity: int = 256) -> "_native.KVCache":
-        """An empty KV cache with room for `capacity` tokens (it grows on demand)."""
-        cfg = self.config
-        return _native.KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max(1, int(capacity)), self.dtype)
+    def run_layers_on(self, layers, max_context: int | None = None) -> None:
+        """Run the decoder layers on `layers` (a layer runner, see the module
+        docstring) from now on; caches made before belong to the old runner.
+        max_context: the runner's token limit (its largest context bucket),
+        which lowers `config.max_context`."""
+        self.layers = layers
+        if max_context is not None and max_context < self.config.max_context:
+            self.config = dataclasses.replace(self.config, max_context=int(max_context))
+
+    def new_cache(self, capacity: int = 256):
+        """An empty KV cache with room for `capacity` tokens (it grows on demand):
+        a `_native.KVCache`, or the layer runner's own kind."""
+        return self.layers.new_cache(capacity)
 
     def __call__(self, *args, **kwargs) -> np.ndarray:
         return self.forward(*args, **kwargs)
@@ -144,6 +192,8 @@ class NativeDecoder:
             raise ValueError(f"mask has shape {mask.shape}, expected ({t}, {cache.length + t})")
         if layer_hook is not None and logits_rows is not None:
             raise ValueError("logits_rows must be None when a layer_hook may prune rows")
+        if layer_hook is not None and not hasattr(self.layers, "keep"):
+            raise LeverError(f"the {self.layers.backend} backend cannot prune rows mid-pass (run without probes)")
         with self._pass_lock:                      # see __init__: one pass at a time per model
             cache.reserve(cache.length + t)        # grows by doubling when short of rows
             x = self._layers(tokens, positions, mask, cache, layer_hook)
@@ -160,19 +210,19 @@ class NativeDecoder:
         x = np.empty((tokens.shape[0], self.config.hidden_size), dtype=np.float32)
         t0 = time.perf_counter()
         self.weights.embed(self.native, tokens, x)
-        self.native.begin_pass(positions, mask, cache)
+        self.layers.begin(tokens, positions, mask, cache)
         self._lap("embed", time.perf_counter() - t0)
         for i, layout in enumerate(self.weights.layouts):
             buffer, release = self.weights.layer(i)
             try:
                 t0 = time.perf_counter()
-                self.native.layer(x, layout, buffer, cache, i)
+                x = self.layers.run(i, x, layout, buffer, cache)
                 self._lap(f"layer.{i}", time.perf_counter() - t0)
             finally:
                 release()
             if layer_hook is not None:
                 x = self._keep(x, layer_hook(i, x))
-        self.native.end_pass(cache)
+        self.layers.end(cache)
         return x
 
     def _keep(self, x: np.ndarray, keep) -> np.ndarray:
@@ -180,10 +230,9 @@ class NativeDecoder:
         if keep is None or len(keep) == x.shape[0]:
             return x
         t0 = time.perf_counter()
-        keep = np.ascontiguousarray(keep, dtype=np.int64)
-        self.native.keep_rows(x, keep)
+        x = self.layers.keep(x, np.ascontiguousarray(keep, dtype=np.int64))
         self._lap("prune", time.perf_counter() - t0)
-        return x[:len(keep)]
+        return x
 
     def _head(self, x: np.ndarray, head: str, n_top: int = 0):
         """Final norm and output head over the hidden states x [R, hidden]
