@@ -110,6 +110,8 @@ class SpecStats:
                                           # (the next pass's reads hidden under the draft); None: unknown
     ahead: AheadStats | None = None       # drafting ahead during verification (None: off); draft_s
                                           # excludes it (it runs beside verify_s)
+    iteration_s: float = 0.0              # wall seconds of the iterations (grow + verify + commit), the
+                                          # time draft_s, verify_s and accept_s (and drafting ahead) share
     tree_sizes: list[int] = field(default_factory=list)
     policy: dict | None = None            # the tree policy's report() (mode lever: GainCostPolicy's)
     probes: object = None                 # early-exit pruning over this run (lever.probe.prune.PruneStats;
@@ -128,6 +130,11 @@ class SpecStats:
             return None
         return round(min(1.0, self.draft_io_s / self.draft_s), 4) if self.draft_s > 0 else 0.0
 
+    def overlap(self) -> dict:
+        """Draft and target side by side, measured structurally: see `overlap_json`."""
+        return overlap_json(self.iteration_s, self.draft_s, self.ahead.drafting_s if self.ahead else 0.0,
+                            self.verify_s, self.accept_s)
+
     def to_json(self, new_tokens: int) -> dict:
         return {
             "iterations": self.iterations, "target_passes": self.iterations,
@@ -142,9 +149,35 @@ class SpecStats:
                              "verify_compute": round(self.verify_s - self.stall_s, 4),
                              "io_stall": round(self.stall_s, 4), "accept": round(self.accept_s, 4)},
             **({"draft_ahead": self.ahead.to_json()} if self.ahead is not None else {}),
+            "overlap": self.overlap(),
             **({"lever": self.policy} if self.policy is not None else {}),
             **({"probes": self.probes.to_json()} if self.probes is not None else {}),
         }
+
+
+def overlap_json(iteration_s: float, draft_s: float, ahead_s: float, verify_s: float, accept_s: float) -> dict:
+    """How much of the drafting ran beside the target's passes (seconds, summed
+    over iterations): the iterations' wall seconds against the serial sum of
+    their parts -- drafting (`draft_s`, the tree's growth and commit, plus
+    `ahead_s`, drafting ahead while the target verifies), the target's passes
+    (`verify_s`) and acceptance (`accept_s`).  hidden_s = serial - wall (at
+    least 0) ran concurrently; share = hidden_s over the drafting seconds (1:
+    all drafting hidden under the passes); ratio = serial / wall (1: nothing
+    overlapped).  Without drafting ahead nothing runs side by side, so
+    hidden_s is about 0."""
+    drafting = draft_s + ahead_s
+    serial = drafting + verify_s + accept_s
+    hidden = max(0.0, serial - iteration_s)
+    return {"iteration_s": round(iteration_s, 4), "draft_s": round(drafting, 4), "verify_s": round(verify_s, 4),
+            "accept_s": round(accept_s, 4), "serial_s": round(serial, 4), "hidden_s": round(hidden, 4),
+            "share": round(min(1.0, hidden / drafting), 4) if drafting > 0 else 0.0,
+            "ratio": round(serial / iteration_s, 4) if iteration_s > 0 else None}
+
+
+def tree_room(model, spec: SpecConfig) -> int:
+    """Context tokens a tree needs beyond the committed ones: its depth, or its
+    size on a static-shape target (`tree_rows_take_context`, lever.npu)."""
+    return spec.max_tree_nodes if getattr(model, "tree_rows_take_context", False) else spec.max_depth
 
 
 def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
@@ -152,7 +185,7 @@ def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int],
                          stop_ids: frozenset[int] = frozenset(),
                          on_token=None) -> tuple[GenerationResult, SpecStats]:
     """Generate with the target's exact output, using `drafter` to propose tokens."""
-    check_context(len(prompt_ids), max_new_tokens + spec.max_depth, target.config.max_context)
+    check_context(len(prompt_ids), max_new_tokens + tree_room(target, spec), target.config.max_context)
     verifier = TargetVerifier(target, params, capacity=len(prompt_ids) + max_new_tokens + spec.max_tree_nodes + 2,
                               pass_hook=spec.pruner)
     if spec.pruner is None:
@@ -174,7 +207,7 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
     what was generated so far in its `partial_result` attribute."""
     if spec.mode != "ar" and drafter is None:
         raise LeverError(f"mode {spec.mode} needs a drafter (--draft)")
-    check_context(len(prompt_ids), max_new_tokens + spec.max_depth, verifier.max_context)
+    check_context(len(prompt_ids), max_new_tokens + tree_room(verifier, spec), verifier.max_context)
     result, stats = GenerationResult(prompt_ids=list(prompt_ids)), SpecStats()
     if max_new_tokens <= 0:
         return result, stats
@@ -214,6 +247,7 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
             stats.draft_nodes += len(tree) - 1
             stats.accepted += len(accepted)
             stats.tree_sizes.append(len(tree) - 1)
+            stats.iteration_s += t4 - t0
             stats.draft_s += (t1 - t0) + (t4 - t3)
             if busy0 is None or stats.draft_io_s is None:
                 stats.draft_io_s = None

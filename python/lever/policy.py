@@ -55,13 +55,21 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
                  read_limit_bytes_per_s: float = 0.0, dtype="bfloat16",
                  params: SamplingParams = SamplingParams(), cache_dir=None, max_nodes: int = DEFAULT_MAX_NODES,
                  max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK, force_profile: bool = False,
-                 tune_ring: bool = False, progress: bool = True, pruning=None) -> GainCostPolicy:
+                 tune_ring: bool = False, progress: bool = True, pruning=None, npu_profile=None,
+                 context_tokens: int = 2048) -> GainCostPolicy:
     """The gain-cost policy for `target` (a model of the numpy protocol, see
     lever.model.loading, or a StreamedDecoder, loaded from `target_id`) drafted
     by `drafter` (a ModelDrafter).  tune_ring: a streamed target's read ring
     depth is chosen from the profile (lever.cost.ring_depth; `--prefetch-depth
     auto`), which may re-plan the target's pinned extents under the same budget.
-    pruning: the survival forecast of early-exit pruning (lever.probe.choice.prune_forecast)."""
+    pruning: the survival forecast of early-exit pruning (lever.probe.choice.prune_forecast).
+    npu_profile: a device's measured bucket times (lever.npu.npu_profile.NpuProfile,
+    `--npu-profile`): the cost model comes from them (at the context bucket of
+    `context_tokens`, the run's prompt + new tokens) instead of a profile
+    measured here, which only fills in what the file leaves out; the ring
+    depth is then not tuned.  `policy.npu_profile` says what was used.  On
+    fixed shapes (a static backend's profile) max_nodes is capped so that a
+    tree with its root fits the largest row bucket."""
     draft_path = drafter.path if isinstance(drafter, ModelDrafter) else None
     if draft_path is None:
         raise LeverError("mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
@@ -70,18 +78,30 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
         return profile_key(model, drafter.model, target_id=target_id, draft_id=draft_path, kernels=kernels,
                            reader_backend=reader, read_limit_bytes_per_s=read_limit_bytes_per_s, dtype=dtype)
 
-    profile = load_or_measure(target, drafter.model, key_of(target), cache_dir=cache_dir, force=force_profile,
-                              progress=progress)
-    if tune_ring and isinstance(target, StreamedDecoder) and target.plan.streamed:
-        profile = ring_depth.tune_ring(target, profile, key_of, cache_dir, printer(progress))
+    def measured():
+        return load_or_measure(target, drafter.model, key_of(target), cache_dir=cache_dir, force=force_profile,
+                               progress=progress)
+
+    npu_info = None
+    if npu_profile is not None:
+        profile, npu_info = npu_profile.device_profile(target, context_tokens, host=measured, say=printer(progress))
+        printer(progress)(f"profile: from --npu-profile {npu_profile.path} ({npu_profile.device}), context bucket "
+                          f"{npu_info['context']} ({npu_info['context_rule']})")
+    else:
+        profile = measured()
+        if tune_ring and isinstance(target, StreamedDecoder) and target.plan.streamed:
+            profile = ring_depth.tune_ring(target, profile, key_of, cache_dir, printer(progress))
     path = calibration_path(target_id, draft_path, kernels, dtype, params, cache_dir)
 
     def start():          # no file of the user's yet: the shipped table of the pair, if any
         return shipped_calibration(model_sha256(draft_path, cache_dir), model_sha256(target_id, cache_dir), params)
 
+    if profile.fixed_shapes:        # a tree past the largest bucket would run as several bucket passes
+        max_nodes = min(max_nodes, int(max(profile.n_grid)) - 1)
     policy = GainCostPolicy(CostModel(profile), load_calibration(path, start), max_nodes=max_nodes,
                             max_depth=max_depth, topk=topk, pruning=pruning)
     policy.calibration_path = path
+    policy.npu_profile = npu_info
     return policy
 
 

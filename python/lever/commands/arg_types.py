@@ -176,3 +176,31 @@ def prefetch_depth(text: str) -> int | str:
         return parse_prefetch_depth(_number_text(text))
     except LeverError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def bucket_list(what: str) -> Callable[[str], str]:
+    """A comma-separated list of positive bucket sizes ('1,8,16'), normalised
+    (sorted, duplicates dropped) and kept as text, so that a child command line
+    (bench --memory-cap) passes it on as one argument (lever.npu.buckets.parse_buckets).
+    what: "row buckets" or "context buckets", for the message."""
+    def parse(text: str) -> str:
+        from ..errors import LeverError
+        from ..npu.buckets import parse_buckets
+        if len(text) > 4 * MAX_NUMBER_CHARS:
+            raise argparse.ArgumentTypeError(f"{_short(text)} is too long for a list of {what}")
+        try:
+            return ",".join(map(str, parse_buckets(text, what)))
+        except LeverError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = "bucket list"
+    return parse
+
+
+def soc_model(text: str) -> str:
+    """A Snapdragon SoC model id the qnn backend prepares graphs for (lever.npu.runtime.SOCS)."""
+    from ..npu.runtime import SOCS
+    value = text.strip()
+    if value not in SOCS:
+        raise argparse.ArgumentTypeError(f"unsupported SoC model {_short(text)}: choose one of "
+                                         + ", ".join(f"{k} ({v[0]}, HTP v{v[1]})" for k, v in SOCS.items()))
+    return value

@@ -13,6 +13,12 @@ Output: a table on stdout, a JSON file and a PNG bar chart.
 With --memory-cap SIZE each mode runs instead in its own child process
 inside a memory cgroup of SIZE (`bench_capped`).
 
+With --backend cpu-static|qnn the target's decoder layers run on static-shape
+buckets (lever.npu; commands.static_backend): every mode that drafts with a
+draft model drafts ahead (+ahead) unless --no-draft-ahead, and a `# backend`
+line and per-mode `overlap` lines report bucket runs, split passes, padded
+rows and how much drafting ran beside the target's passes.
+
 The parts: bench_modes (mode specs), bench_setup (options, memory plan,
 loading, warm-up), bench_runs (the timed runs, the check against ar),
 bench_aggregate (per-mode totals), bench_report (printing, JSON),
@@ -29,7 +35,8 @@ from .bench_modes import MODE_HELP, TREE_DEPTH, TREE_TOPK, BenchMode, parse_mode
 from .bench_report import machine_info
 from .bench_setup import FULL, QUICK
 from .limits import MAX_BENCH_PROMPTS, MAX_NEW_TOKENS
-from .options import add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options, add_target_choice
+from .options import (add_backend_options, add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options,
+                      add_target_choice)
 
 # parse_mode, parse_modes, BenchMode and machine_info are part of this module's API (bench/bench_remote.py)
 __all__ = ["add_parser", "add_arguments", "run", "BenchMode", "parse_mode", "parse_modes", "machine_info"]
@@ -101,6 +108,10 @@ def add_arguments(p) -> None:
     p.add_argument("--no-plot", action="store_true",
                    help="write the JSON only, no PNG (the children of --memory-cap: importing matplotlib "
                         "would add to the measured process)")
+    add_backend_options(p)
+    p.add_argument("--no-draft-ahead", action="store_true",
+                   help="on a static backend, run the modes as written: without it every mode that drafts with a "
+                        "draft model drafts ahead (+ahead) while the target's layers run on the NPU")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,8 +131,8 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     from ..policy import save_calibration
     from .bench_aggregate import summarize
     from .bench_plot import plot
-    from .bench_report import (io_share_label, print_ahead, print_checks, print_header, print_lever, print_probes,
-                               print_table, result_document, write_outputs)
+    from .bench_report import (io_share_label, print_ahead, print_backend, print_checks, print_header, print_lever,
+                               print_probes, print_table, result_document, write_outputs)
     from .bench_runs import check_against_ar, mode_runs, timed_runs
     from .bench_setup import load_draft, load_target, plan_bench, warm_up
     from .generate import kernel_info
@@ -134,6 +145,7 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     kernels = kernel_info(args.kernels, b.target, b.drafter)
     print_header(args, b, kernels)
     runs = mode_runs(b)
+    before = b.layers.report() if b.layers is not None else None
     rows, raw, bench_s, memory = timed_runs(b, runs, progress=not args.no_progress)
     checks = check_against_ar(b, runs, raw, rows)
     aggregates, resident_agg = summarize(b, runs, raw, checks, memory, resident_asked=args.resident)
@@ -141,10 +153,14 @@ def _run(args: argparse.Namespace, cleanup: list) -> int:
     print_lever(aggregates)
     print_ahead(aggregates)
     print_probes(aggregates, io_share_label(b))
+    backend = print_backend(args, b, aggregates, rows, before)
     for pol in b.policies:
         save_calibration(pol)
     print_checks(b.params, checks)
     result = result_document(args, b, kernels, aggregates, resident_agg, rows, bench_s)
+    result["backend"] = backend
+    result["config"].update(backend=args.backend, buckets=args.buckets, contexts=args.contexts, soc=args.soc,
+                            npu_profile=next((pol.npu_profile for pol in b.policies if pol.npu_profile), None))
     write_outputs(result, b.out_dir, args.name, None if args.no_plot else plot)
     print_memory_line(b.memory, sys.stdout)
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine import overlap_json
 from .bench_modes import LEVER, RESIDENT, spec_json
 
 
@@ -40,6 +41,9 @@ def aggregate(label: str, runs: list, divergences: list[dict] | None, is_ar: boo
                          "io_stall": round(sum(s.stall_s for s in stats), 4),
                          "accept": round(sum(s.accept_s for s in stats), 4)},
         "draft_hidden_under_io": _hidden_share(stats),
+        "overlap": overlap_json(*(sum(getattr(s, k) for s in stats) for k in ("iteration_s", "draft_s")),
+                                sum(s.ahead.drafting_s for s in stats if s.ahead is not None),
+                                sum(s.verify_s for s in stats), sum(s.accept_s for s in stats)),
         **({"draft_ahead": _ahead_totals(stats)} if any(s.ahead is not None for s in stats) else {}),
         **({"probes": _probe_totals(stats)} if any(s.probes is not None for s in stats) else {}),
         "per_category": {c: totals([x for x in runs if x[0]["category"] == c])

@@ -89,7 +89,12 @@ def capped_modes(args) -> list[BenchMode]:
     if args.probes == "auto":
         raise LeverError("--probes auto cannot be combined with --memory-cap (each mode runs in a child of its "
                          "own): use --probes on, or name the +probes modes")
+    from .bench_setup import with_static_defaults
+    from .static_backend import check_backend_args
+
+    check_backend_args(args, kernels=args.kernels, probes=args.probes)
     modes, _ = parse_modes(mode_texts(args))
+    modes, _ = with_static_defaults(args, modes)     # +ahead on a static backend, labelled as the children run them
     if args.probes == "on":             # each +probes twin runs in a child of its own
         modes = with_probe_twins(modes)
     check_options(args, modes)

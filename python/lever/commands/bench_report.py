@@ -140,6 +140,32 @@ def print_ahead(aggregates: dict) -> None:
                   flush=True)
 
 
+def print_backend(args, b, aggregates: dict, rows: list[dict], before: dict | None) -> dict:
+    """On a static backend: the `# backend ...` line over the timed runs (bucket
+    runs, split passes, padded rows), each mode's bucket counters into its
+    aggregate, and per drafting mode one `# MODE: overlap: ...` line (the
+    iterations' wall seconds against draft + verify seconds; also on the native
+    backend for +ahead modes).  Returns the bench JSON's "backend" entry."""
+    from .static_backend import backend_json, backend_line, counters_since, overlap_line, summed_counters
+
+    info = backend_json(args, b.layers)
+    if b.layers is not None:
+        info["timed_runs"] = counters_since(b.layers.report(), before)
+        for label, a in aggregates.items():
+            mine = [r["backend"] for r in rows if r["mode"] == label and "backend" in r]
+            if mine:
+                a["backend"] = summed_counters(mine)
+        print(backend_line({**info, **info["timed_runs"]}), flush=True)
+        if b.ahead_added:
+            print(f"# {args.backend}: drafting modes draft ahead by default (+ahead; --no-draft-ahead runs them "
+                  f"as written)", flush=True)
+    for a in aggregates.values():
+        ov = a.get("overlap")
+        if ov and ov["iteration_s"] > 0 and ov["draft_s"] > 0 and (b.layers is not None or a.get("draft_ahead")):
+            print(overlap_line(ov, prefix=f"# {a['mode']}: "), flush=True)
+    return info
+
+
 def print_probes(aggregates: dict, io_share: str) -> None:
     """One line per +probes mode: rows pruned per pass, compute saved, accepted length
     lost, online recall and net tokens/s against the mode without probes."""

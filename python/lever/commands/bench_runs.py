@@ -57,6 +57,8 @@ def run_one(b, p: dict, prompt_ids: list[int], label: str, model, m) -> tuple[di
 
     if b.streamed:
         b.target.reset_stats()
+    layers = getattr(model, "layers", None) if getattr(b, "layers", None) is not None else None
+    before = layers.report() if hasattr(layers, "report") else None
     result, stats = speculative_generate(model, b.drafter if m.spec.mode != "ar" else None, prompt_ids,
                                          b.new_tokens, b.params, m.spec, stop_ids=b.stop_ids)
     n = len(result.token_ids)
@@ -68,6 +70,9 @@ def run_one(b, p: dict, prompt_ids: list[int], label: str, model, m) -> tuple[di
     if b.streamed and model is b.target:
         rep = b.target.report()
         row["flash_run"] = {k: rep[k] for k in FLASH_RUN_KEYS}
+    if before is not None:
+        from .static_backend import counters_since
+        row["backend"] = counters_since(layers.report(), before)
     return row, result, stats
 
 

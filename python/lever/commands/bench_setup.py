@@ -48,6 +48,8 @@ class BenchSetup:
     page_cache: str = "not dropped"
     raw_read_bps: float | None = None  # the store's raw sequential read rate (bytes/s)
     probe_twins: set = field(default_factory=set)   # +probes modes added by --probes on|auto
+    layers: object = None            # the target's static-shape layer runner (--backend cpu-static|qnn), else None
+    ahead_added: bool = False        # drafting modes turned +ahead (the static backends' default)
 
     @property
     def target(self):
@@ -85,8 +87,12 @@ def plan_bench(args) -> BenchSetup:
     from ..bench_prompts import load_prompts
     from ..sampling import SamplingParams
 
+    from .static_backend import check_backend_args
+
+    check_backend_args(args, kernels=args.kernels, probes=args.probes)
     n_prompts, new_tokens = counts(args)
     modes, ar_added = parse_modes(mode_texts(args), add_ar=not args.no_ar_reference)
+    modes, ahead_added = with_static_defaults(args, modes)
     asked = {m.label for m in modes}
     if args.probes != "off":
         modes = with_probe_twins(modes)        # --probes auto drops them again without a worthwhile probe
@@ -98,7 +104,28 @@ def plan_bench(args) -> BenchSetup:
     prompts = load_prompts(args.prompt_set, args.categories, n_prompts)
     out_dir = Path(args.out) if args.out else default_out_dir()
     return BenchSetup(prompts, new_tokens, modes, ar_added, params, out_dir,
-                      probe_twins={m.label for m in modes} - asked)
+                      probe_twins={m.label for m in modes} - asked,
+                      ahead_added=bool(ahead_added))
+
+
+def with_static_defaults(args, modes: list[BenchMode]) -> tuple[list[BenchMode], list[BenchMode]]:
+    """On a static backend with a draft model every drafting mode drafts ahead
+    (the draft on the CPU beside the target's layers on the NPU; `--no-draft-ahead`
+    keeps the modes as written): (the modes, those turned +ahead)."""
+    from .bench_modes import AHEAD, parse_mode
+    from .static_backend import draft_ahead_default
+
+    if not draft_ahead_default(args, args.draft):
+        return modes, []
+    out, added, seen = [], [], set()
+    for m in modes:
+        if m.uses_draft and not m.draft_ahead:
+            m = parse_mode(m.label.removesuffix("+probes") + AHEAD + ("+probes" if m.probes else ""))
+            added.append(m)
+        if m.label not in seen:
+            seen.add(m.label)
+            out.append(m)
+    return out, added
 
 
 def counts(args) -> tuple[int, int]:
@@ -123,6 +150,8 @@ def check_options(args, modes: list[BenchMode]) -> None:
     if args.target_store and args.kernels == "torch":
         raise LeverError("--kernels torch runs in-memory models only (the torch reference); a --target-store "
                          "streams on the native decoder")
+    if getattr(args, "npu_profile", None) and not any(m.lever_nodes for m in modes):
+        raise LeverError("--npu-profile sizes the trees of mode lever; --modes has no lever mode")
 
 
 def load_target(args, b: BenchSetup, cleanup: list) -> None:
@@ -157,11 +186,14 @@ def load_target(args, b: BenchSetup, cleanup: list) -> None:
         b.ids = [b.loaded.prompt_ids(p["text"]) for p in b.prompts]
     if b.streamed:
         cleanup.append(b.target.close)          # the reader's threads and file descriptors
+    from .static_backend import apply_backend
+    b.layers = apply_backend(args, b.target)  # None on the native backend
     b.load_s = time.perf_counter() - t0
     if args.resident and b.streamed:          # the same store with every extent pinned in DRAM
         from ..store.streamed import StreamedDecoder
         b.resident = StreamedDecoder(b.store, EVERYTHING, args.dtype, backend=args.reader, kv_tokens=b.kv_tokens)
         cleanup.append(b.resident.close)
+        apply_backend(args, b.resident)       # the reference runs its layers where the target does
 
 
 def _manifest(store: Path):
@@ -201,7 +233,9 @@ def load_draft(args, b: BenchSetup) -> None:
                                   reader=args.reader, read_limit_bytes_per_s=args.read_limit if b.streamed else 0.0,
                                   dtype=args.dtype, params=b.params, cache_dir=args.cache_dir,
                                   max_nodes=m.lever_nodes, tune_ring=b.streamed and args.prefetch_depth == "auto",
-                                  progress=not args.no_progress, pruning=probe_forecast(pruner))
+                                  progress=not args.no_progress, pruning=probe_forecast(pruner),
+                                  npu_profile=args.npu_profile_data,
+                                  context_tokens=max(map(len, b.ids)) + b.new_tokens)
             b.policies.append(policy)
             if pruner is not None:                 # score a pass only where pruning pays (its cost model)
                 pruner.pays = pruning_pays(policy.cost, pruner)

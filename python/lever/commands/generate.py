@@ -11,7 +11,7 @@ from ..errors import LeverError
 from . import arg_types
 from .limits import (MAX_CALL_COST_MS, MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_RETRY_DEADLINE_S, MAX_TREE_DEPTH,
                      MAX_TREE_NODES, MAX_TREE_TOPK)
-from .options import add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options
+from .options import add_backend_options, add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options
 from ..memory.run_plan import memory_report
 from .memory_limit import plan_memory, print_memory_line
 from .prompt_input import add_prompt_options, read_prompt
@@ -62,9 +62,13 @@ def add_parser(subparsers) -> None:
     spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
                       help=f"mode lever: children the draft offers per expanded node, 1..{MAX_TREE_TOPK} "
                            f"(default 4)")
-    spec.add_argument("--draft-ahead", action="store_true",
-                      help="while the target verifies a tree, a draft model extends it along its own most "
-                           "likely path; the next tree reuses that when the target accepts it (output unchanged)")
+    ahead = spec.add_mutually_exclusive_group()
+    ahead.add_argument("--draft-ahead", action="store_true",
+                       help="while the target verifies a tree, a draft model extends it along its own most "
+                            "likely path; the next tree reuses that when the target accepts it (output unchanged; "
+                            "the default with a draft model on --backend cpu-static|qnn)")
+    ahead.add_argument("--no-draft-ahead", action="store_true",
+                       help="do not draft ahead, also on a static-shape backend")
     spec.add_argument("--probes", default="auto", choices=["on", "off", "auto"],
                       help="early-exit pruning of the target's tree passes with the probe trained for it "
                            "(`lever probe train`): on, off, or auto = on when a probe exists and its training "
@@ -93,17 +97,23 @@ def add_parser(subparsers) -> None:
                              "generated (default 30)")
     flash.add_argument("--drop-caches", action="store_true",
                        help="drop the OS page cache before the run (needs root; the result is reported)")
+    add_backend_options(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end (token ids, text, timing) instead of streaming")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from .static_backend import (apply_backend, backend_json, backend_line, check_backend_args, draft_ahead_default,
+                                 overlap_line)
+    check_backend_args(args, kernels=args.kernels, remote=args.remote, probes=args.probes)
     prompt = read_prompt(args)
     if args.remote:
         return run_remote(args, prompt)
     mode = args.mode or default_mode(args.draft, args.target_store)
     check_mode(mode, args.draft)
+    if args.npu_profile and mode != "lever":
+        raise LeverError(f"--npu-profile sizes the trees of mode lever; this run's mode is {mode}")
     if args.target_store and args.kernels == "torch":
         raise LeverError("--kernels torch runs in-memory models only (the torch reference); a --target-store "
                          "streams on the native decoder")
@@ -125,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
                              tree_rows=_tree_rows(args, mode), sampling=args.temperature > 0)
         loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
                       kernels=args.kernels)
+    layers = apply_backend(args, loaded.model)          # None on the native backend
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -155,10 +166,12 @@ def run(args: argparse.Namespace) -> int:
                 cache_dir=args.cache_dir, max_nodes=args.lever_max_nodes, max_depth=args.lever_max_depth,
                 topk=args.lever_topk, force_profile=args.reprofile,
                 tune_ring=bool(args.target_store) and args.prefetch_depth == "auto", progress=True,
-                pruning=probe_forecast(pruner))
+                pruning=probe_forecast(pruner), npu_profile=args.npu_profile_data,
+                context_tokens=len(loaded.prompt_ids(prompt, chat=not args.no_chat)) + args.max_new_tokens)
             if pruner is not None:                 # score a pass only where pruning pays (its cost model)
                 pruner.pays = pruning_pays(policy.cost, pruner)
-        spec = SpecConfig(mode, args.draft_len, shape, policy=policy, draft_ahead=args.draft_ahead, pruner=pruner)
+        ahead = args.draft_ahead or draft_ahead_default(args, args.draft)
+        spec = SpecConfig(mode, args.draft_len, shape, policy=policy, draft_ahead=ahead, pruner=pruner)
     completion = loaded.generate(prompt, max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                  seed=args.seed, chat=not args.no_chat,
@@ -178,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
             out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), page_cache)
         out["memory"] = memory_report(memory)
         out["probes"] = pruner.stats.to_json() if pruner is not None else None
+        out["backend"] = backend_json(args, layers)
+        if policy is not None and policy.npu_profile is not None:
+            out["npu_profile"] = policy.npu_profile
         print(json.dumps(out))
     else:
         sys.stdout.write("\n")
@@ -195,6 +211,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"[probes: layer {pruner.probe.layer}, {ps['pruned_per_pass']:.1f} draft nodes pruned per pass, "
                   f"{100 * ps['compute_saved']:.1f}% of layer rows skipped, online recall "
                   f"{ps['online_recall'] if ps['online_recall'] is not None else 'n/a'}]", file=sys.stderr)
+        if layers is not None:
+            print(backend_line(backend_json(args, layers), prefix="["), end="]\n", file=sys.stderr)
+        if completion.spec is not None and completion.spec.iterations and (layers is not None or spec.draft_ahead):
+            print(overlap_line(completion.spec.overlap(), prefix="["), end="]\n", file=sys.stderr)
         print_memory_line(memory, sys.stderr)
     return 0
 

@@ -65,3 +65,35 @@ def add_cache_dir(p) -> None:
     p.add_argument("--cache-dir", type=arg_types.directory, default=None, metavar="DIR",
                    help="cache root for assembled models, tokenizers and profiles "
                         "(default: $LEVER_CACHE_DIR or ~/.cache/lever)")
+
+
+BACKEND_CHOICES = ("native", "cpu-static", "qnn")
+
+
+def add_backend_options(p, *, backend: bool = True, npu_profile: bool = True) -> None:
+    """(With `backend`) --backend native|cpu-static|qnn, --buckets LIST, --contexts
+    LIST, --soc ID and (with `npu_profile`) --npu-profile FILE: where the target's
+    decoder layers run (lever.npu; checked and applied by commands.static_backend)."""
+    from ..npu.buckets import DEFAULT_CONTEXTS, DEFAULT_ROWS
+    from ..npu.runtime import DEFAULT_SOC, SOCS
+
+    g = p.add_argument_group("static-shape backends (NPU through ONNX Runtime; see `lever compile-npu`)")
+    if backend:
+        g.add_argument("--backend", default="native", choices=BACKEND_CHOICES,
+                       help="where the target's decoder layers run: native = Lever's CPU kernels (default); "
+                            "cpu-static = ONNX Runtime's CPU EP on static-shape bucket graphs; qnn = the QNN HTP "
+                            "(an NPU; simulated on an x86-64 host, where its timings are not NPU speed). Static "
+                            "backends pack each tree into a compiled (rows, context) bucket; needs lever[npu]")
+    g.add_argument("--buckets", type=arg_types.bucket_list("row buckets"), default=",".join(map(str, DEFAULT_ROWS)),
+                   metavar="LIST", help=f"row buckets (tree tokens per pass) of a static backend, e.g. 1,8,16 "
+                                        f"(default {','.join(map(str, DEFAULT_ROWS))}); a larger tree is split")
+    g.add_argument("--contexts", type=arg_types.bucket_list("context buckets"), default=",".join(map(str, DEFAULT_CONTEXTS)),
+                   metavar="LIST", help=f"context buckets (cached tokens) of a static backend; the largest is "
+                                        f"the run's context limit (default {','.join(map(str, DEFAULT_CONTEXTS))})")
+    g.add_argument("--soc", type=arg_types.soc_model, default=None, metavar="ID",
+                   help=f"SoC model the qnn backend prepares graphs for: "
+                        + ", ".join(f"{k} = {v[0]}" for k, v in SOCS.items()) + f" (default {DEFAULT_SOC})")
+    if npu_profile:
+        g.add_argument("--npu-profile", type=arg_types.name, default=None, metavar="FILE",
+                       help="measured per-bucket layer times of a real device (JSON, schema lever-npu-profile/1, "
+                            "see the README): mode lever sizes trees by them instead of a profile measured here")

@@ -13,7 +13,7 @@ from . import arg_types
 from .limits import MAX_TREE_NODES
 from ..memory.run_plan import memory_report
 from .memory_limit import plan_memory, print_memory_line
-from .options import add_cache_dir, add_dram_budget, add_reader_options, add_target_choice
+from .options import add_backend_options, add_cache_dir, add_dram_budget, add_reader_options, add_target_choice
 
 # KV rows a streamed target budgets for, as `lever generate` does for short
 # runs, so the profile sees the residency (pinned layers) of a real run
@@ -36,7 +36,8 @@ def add_parser(subparsers) -> None:
                         "torch: the torch reference, weights dequantised, torch matmul (needs lever[torch])")
     add_reader_options(p)
     p.add_argument("--max-n", type=arg_types.integer(1, MAX_TREE_NODES), default=256, metavar="N",
-                   help=f"largest tree (tokens per target pass) to measure, 1..{MAX_TREE_NODES} (default 256)")
+                   help=f"largest tree (tokens per target pass) to measure, 1..{MAX_TREE_NODES} (default 256; "
+                        f"a static backend measures its row buckets instead)")
     p.add_argument("--force", action="store_true", help="measure again even if a cached profile exists")
     p.add_argument("--probes", default="auto", choices=["on", "off", "auto"],
                    help="also predict passes pruned early by the target's probe (`lever probe train`) at its "
@@ -47,6 +48,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--plot", type=arg_types.output_file, default=None, metavar="PATH",
                    help="also write a PNG of pass and draft times")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    add_backend_options(p)
     p.set_defaults(run=run)
 
 
@@ -63,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     from ..api import DEFAULT_MODEL, load, load_store, make_drafter
     from ..cost.cost_model import CostModel
     from ..cost.profile import DEFAULT_DRAFT_GRID, load_or_measure, profile_key, profile_path
+    from .static_backend import apply_backend, check_backend_args, is_static
 
+    check_backend_args(args, kernels=args.kernels, probes=args.probes)
     if args.draft == "ngram":
         raise LeverError("lever profile needs a draft model (--draft NAME, e.g. qwen2.5-coder-0.5b): "
                          "'ngram' runs no forward pass, so there is nothing to measure")
@@ -89,33 +93,52 @@ def run(args: argparse.Namespace) -> int:
         loaded = load(args.target or DEFAULT_MODEL, dtype=args.dtype, cache_dir=args.cache_dir,
                       progress=progress, kernels=args.kernels)
     target = loaded.model
+    apply_backend(args, target)
+    # a static backend measures its row buckets (lever.cost.profile.measure_defaults): a step function
+    grid = {} if is_static(args) else {"n_grid": n_grid}
+    npu_info = None
     try:
         draft = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress,
                              kernels=args.kernels)
         key = profile_key(target, draft.model, target_id=loaded.path, draft_id=draft.path, kernels=args.kernels,
                           reader_backend=args.reader, read_limit_bytes_per_s=read_limit,
                           dtype=args.dtype)
-        profile = load_or_measure(target, draft.model, key, cache_dir=args.cache_dir, force=args.force,
-                                  progress=progress, n_grid=n_grid, draft_grid=DEFAULT_DRAFT_GRID)
+        def measured():
+            return load_or_measure(target, draft.model, key, cache_dir=args.cache_dir, force=args.force,
+                                   progress=progress, draft_grid=DEFAULT_DRAFT_GRID, **grid)
+
+        if args.npu_profile_data is not None:
+            from ..cost.measure import printer
+            profile, npu_info = args.npu_profile_data.device_profile(target, PROFILE_KV_TOKENS, host=measured,
+                                                                     say=printer(progress))
+        else:
+            profile = measured()
         from ..probe.choice import probe_forecast, probe_pruner
         forecast = probe_forecast(probe_pruner(target, args.probes, loaded.path, args.cache_dir))
     finally:
         if hasattr(target, "close"):
             target.close()
     model = CostModel(profile)
-    path = profile_path(profile.key, args.cache_dir)
+    path = profile_path(profile.key, args.cache_dir) if npu_info is None else None
     if args.plot:
         from ..cost.plot import plot_cost_model
         plot_cost_model(model, args.plot, title=f"{loaded.path.name} + {draft.path.name}")
     pruned = forecast.cost(model) if forecast is not None else None
     if args.json:
         print(json.dumps({**profile.to_json(), "memory": memory_report(memory),
-                          **({"probes": pruned_summary(pruned)} if pruned is not None else {})}, indent=1))
+                          **({"probes": pruned_summary(pruned)} if pruned is not None else {}),
+                          **({"npu_profile": npu_info} if npu_info is not None else {})}, indent=1))
     else:
         print_table(model, loaded.path.name, draft.path.name)
         if pruned is not None:
             print_pruned(pruned)
-        print(f"profile: {path}")
+        if npu_info is not None:
+            print(f"profile: from --npu-profile {npu_info['file']} ({npu_info['device']}, SoC {npu_info['soc_model']}), "
+                  f"context bucket {npu_info['context']}: {npu_info['context_rule']}"
+                  + (f"; from this host: {', '.join(npu_info['from_host'])}" if npu_info["from_host"] else "")
+                  + " (not cached)")
+        else:
+            print(f"profile: {path}")
         if args.plot:
             print(f"plot: {args.plot}")
         print_memory_line(memory, sys.stdout)
@@ -131,6 +154,10 @@ def print_table(model, target_name: str, draft_name: str) -> None:
 
     p = model.profile
     cols = (1, 64, 256)
+    if p.fixed_shapes:
+        print(f"# backend {p.backend}: static shapes, row buckets {','.join(map(str, p.n_grid))} (the pass cost is a "
+              f"step function)" + ("; SIMULATED HTP on this host: these timings are not NPU speed"
+                                    if p.simulated else ""))
     print(f"# target {target_name}, draft {draft_name}; {len(p.stages)} stages, "
           f"{sum(s.streamed for s in p.stages)} streamed ({p.io_bytes_per_pass / 1e6:,.1f} MB/pass), "
           f"prefetch depth {p.prefetch_depth}; measured {p.created} in {p.measure_s:.1f} s")

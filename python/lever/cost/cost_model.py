@@ -9,7 +9,8 @@ noise, e.g. the machine busy while one point was measured), then piecewise
 linear in n, extrapolated linearly (never downwards) past the last grid
 point; on fixed-shape backends a step function (the cost of the smallest
 grid point >= n; past the largest, whole runs of it plus the step cost of
-the rest).
+the rest).  The draft curve is never a step function: the draft runs on the
+CPU whatever runs the target.
 
 Flash reads and compute are combined by simulating the prefetch ring
 (`simulate_passes`): one reader reads the streamed extents one after another
@@ -47,9 +48,10 @@ SUMMARY_N = (1, 16, 64, 256)
 def interpolate(grid, values, n: np.ndarray, fixed_shapes: bool = False, spread=None) -> np.ndarray:
     """Seconds at each n (float64 array) from measured medians `values` at `grid`
     points, fitted first (`fit_curve`; spread: their relative spread per point,
-    None = unknown; no convex step on fixed shapes)."""
+    None = unknown; on fixed shapes no convex step, and the largest bucket is
+    never taken for a spike)."""
     g = np.asarray(grid, dtype=np.float64)
-    v = fit_curve(g, values, spread, convex=not fixed_shapes)
+    v = fit_curve(g, values, spread, convex=not fixed_shapes, last_point=not fixed_shapes)
     n = np.asarray(n, dtype=np.float64)
     if fixed_shapes:
         whole, rest = np.divmod(n, g[-1])
@@ -186,7 +188,8 @@ class CostModel:
         """float64 [f_max]: entry f-1 = predicted seconds of one draft forward over f nodes."""
         p = self.profile
         f = np.arange(1, int(f_max) + 1, dtype=np.float64)
-        return interpolate(p.draft_grid, p.draft_s, f, p.fixed_shapes, p.draft_spread) * self.draft_factor
+        # the draft runs on the CPU's native kernels whatever runs the target: never a step function
+        return interpolate(p.draft_grid, p.draft_s, f, False, p.draft_spread) * self.draft_factor
 
     @property
     def iteration_overhead_s(self) -> float:

@@ -25,6 +25,7 @@ VERSION = 2                       # 2: spreads, validation, rejected runs; media
 DEFAULT_N_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DEFAULT_DRAFT_GRID = (1, 2, 4, 8, 16, 32, 64)
 STAGE_KINDS = ("layer", "head")
+BACKENDS = ("native", "cpu-static", "qnn", "npu-profile")     # DeviceProfile.backend
 
 
 @dataclass
@@ -69,6 +70,11 @@ class DeviceProfile:
     draft_spread: list[float] = field(default_factory=list)   # per draft_grid point: of the draft forward
     validation: list[dict] = field(default_factory=list)      # the end-of-measurement re-checks (lever.cost.measure)
     rejected_runs: int = 0            # timed runs dropped as outliers
+    backend: str = "native"           # what ran the target's layers: native (the CPU kernels of
+                                      # `kernels` in the key), cpu-static, qnn, or npu-profile (a
+                                      # device's measured figures, lever.npu.npu_profile)
+    simulated: bool = False           # the times are of a simulated NPU (qnn's HTP simulator on a
+                                      # non-ARM host): never a phone's speed
     version: int = field(default=VERSION)
 
     @property
@@ -96,7 +102,8 @@ class DeviceProfile:
                     created=str(d.get("created", "")), measure_s=float(d.get("measure_s", 0.0)),
                     pass_spread=[float(x) for x in d["pass_spread"]],
                     draft_spread=[float(x) for x in d["draft_spread"]],
-                    validation=[dict(r) for r in d["validation"]], rejected_runs=int(d["rejected_runs"]))
+                    validation=[dict(r) for r in d["validation"]], rejected_runs=int(d["rejected_runs"]),
+                    backend=str(d.get("backend", "native")), simulated=bool(d.get("simulated", False)))
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"malformed profile ({type(e).__name__}: {e})") from None
         p.validate()
@@ -132,6 +139,8 @@ class DeviceProfile:
                 raise ProfileError(f"profile: stage {s.name} has kind {s.kind!r} (expected layer or head)")
             if not s.io_s >= 0 or s.io_bytes < 0:
                 raise ProfileError(f"profile: stage {s.name} has a negative read time or size")
+        if self.backend not in BACKENDS:
+            raise ProfileError(f"profile: backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.prefetch_depth < 0 or not self.iteration_overhead_s >= 0:
             raise ProfileError("profile: negative prefetch depth or iteration overhead")
 

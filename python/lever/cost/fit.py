@@ -22,7 +22,10 @@ it is built, so stored data is never rewritten.  `fit_curve` does, in order:
    len(grid) // 3 times (so a run of two busy points between clean ones is
    removed as well, but a curve that is mostly "spikes" is left alone).
    Real steps (a kernel switching at some n) are kept: the point after a
-   step is as high as the step.
+   step is as high as the step.  On fixed-shape backends (`fixed_shapes`:
+   the grid is the compiled row buckets) the last point is never judged:
+   the largest bucket may cost a real step more than the smaller ones'
+   trend (a larger tile), and no point after it can tell.
 
 2. Monotone: the least-squares non-decreasing sequence (isotonic
    regression, pool-adjacent-violators; a dip is pooled with what is before
@@ -56,21 +59,22 @@ CONVEX_FLOOR = 0.05       # the convex curve replaces a point it is within 5 % .
 CONVEX_K = 3.0            # ... or 3 spreads of
 
 
-def fit_curve(grid, values, spread=None, convex: bool = True) -> np.ndarray:
+def fit_curve(grid, values, spread=None, convex: bool = True, last_point: bool = True) -> np.ndarray:
     """Fitted seconds at each grid point (float64 [len(grid)]); see the module doc.
+    last_point: judge the last point a possible spike (False on fixed shapes).
     (Memoised: a cost model fits the same stage curves many times.)"""
     v = tuple(float(x) for x in values)
     s = _spread(spread, len(v))
-    fitted = _fit_cached(tuple(float(x) for x in grid), v, tuple(s.tolist()), bool(convex))
+    fitted = _fit_cached(tuple(float(x) for x in grid), v, tuple(s.tolist()), bool(convex), bool(last_point))
     return np.array(fitted)
 
 
 @functools.lru_cache(maxsize=4096)
-def _fit_cached(grid: tuple, values: tuple, spread: tuple, convex: bool) -> tuple:
+def _fit_cached(grid: tuple, values: tuple, spread: tuple, convex: bool, last_point: bool = True) -> tuple:
     g = np.asarray(grid, dtype=np.float64)
     s = np.asarray(spread, dtype=np.float64)
     v = np.asarray(values, dtype=np.float64)
-    cleaned, _ = reject_spikes(g, v, s)
+    cleaned, _ = reject_spikes(g, v, s, last_point)
     mono = isotonic(cleaned)
     if not convex or len(g) < 3:
         return tuple(mono.tolist())
@@ -80,8 +84,9 @@ def _fit_cached(grid: tuple, values: tuple, spread: tuple, convex: bool) -> tupl
     return tuple(np.maximum.accumulate(mixed).tolist())
 
 
-def reject_spikes(grid, values, spread=None) -> tuple[np.ndarray, list[int]]:
-    """(values with isolated spikes replaced, indices replaced); step 1 of the module doc."""
+def reject_spikes(grid, values, spread=None, last_point: bool = True) -> tuple[np.ndarray, list[int]]:
+    """(values with isolated spikes replaced, indices replaced); step 1 of the module doc.
+    last_point: the last point may be judged a spike (not on fixed shapes)."""
     g = np.asarray(grid, dtype=np.float64)
     v = np.asarray(values, dtype=np.float64).copy()
     s = _spread(spread, len(v))
@@ -90,7 +95,7 @@ def reject_spikes(grid, values, spread=None) -> tuple[np.ndarray, list[int]]:
     for _ in range(len(v) // 3):
         worst, worst_excess, worst_value = -1, 1.0, 0.0
         for i in range(len(v)):
-            if i in rejected:
+            if i in rejected or (i == len(v) - 1 and not last_point):
                 continue
             predicted, bound = _neighbour_prediction(g, v, i)
             if predicted is None:

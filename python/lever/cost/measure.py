@@ -6,8 +6,9 @@ reads of each streamed extent; the draft is timed per whole forward.  Every
 timed forward runs a random token tree of n nodes over a `context_tokens`
 context and is truncated away afterwards, so the context stays the same.
 
-Robustness (issue 14): each model first runs WARMUP untimed forwards (the
-largest grid point, which sizes every buffer, then the smallest).  Each grid
+Robustness (issue 14): each model first runs untimed forwards (the
+largest grid point, which sizes every buffer, then the smallest; on a
+static-shape backend every row bucket once).  Each grid
 point is then timed `repeats` times (default 5).  A run whose total (the
 pass's compute over all stages; the draft forward) lies more than
 OUTLIER_K robust standard deviations from the median of the runs is dropped
@@ -109,9 +110,11 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
     rng = np.random.default_rng(0)
     streamed = hasattr(target, "plan")
     io = _measure_io(target, say) if streamed else {}
+    from .profile import simulated_npu, static_layers, target_backend
+    fixed = static_layers(target) is not None
     target_cache = _context_cache(target, ctx, max(n_grid[-1], OVERHEAD_NODES), rng)
     run_target = _target_run(target, target_cache, rng)
-    warm_up(run_target, n_grid)
+    warm_up(run_target, n_grid, every=fixed)
     target_points = measure_curve(run_target, n_grid, repeats, say, "target", "n", "compute ")
     draft_cache = _context_cache(draft_model, ctx, draft_grid[-1], rng)
     run_draft = _forward_run(draft_model, draft_cache, rng)
@@ -126,21 +129,24 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
     return DeviceProfile(key=key, n_grid=n_grid, stages=stages, embed_s=times["embed"],
                          draft_grid=draft_grid, draft_s=[p.total_s for p in draft_points],
                          iteration_overhead_s=overhead,
-                         prefetch_depth=target.plan.prefetch_depth if streamed else 0, fixed_shapes=False,
+                         prefetch_depth=target.plan.prefetch_depth if streamed else 0, fixed_shapes=fixed,
                          created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                          measure_s=time.perf_counter() - t_start,
                          pass_spread=[p.spread for p in target_points],
                          draft_spread=[p.spread for p in draft_points], validation=validation,
-                         rejected_runs=sum(p.rejected for p in target_points + draft_points))
+                         rejected_runs=sum(p.rejected for p in target_points + draft_points),
+                         backend=target_backend(target), simulated=simulated_npu(target))
 
 
 # -- repeats, outliers, validation ----------------------------------------------------
 
-def warm_up(run: Run, grid: list[int]) -> None:
+def warm_up(run: Run, grid: list[int], every: bool = False) -> None:
     """Untimed forwards before timing: the largest grid point (every buffer at its
-    largest size), then the smallest."""
-    run(grid[-1])
-    run(grid[0])
+    largest size), then the smallest; with `every` (a static-shape backend's row
+    buckets) each point once, so that every bucket's session is made (a qnn
+    context binary compiled or loaded) before anything is timed."""
+    for n in (grid if every else [grid[-1], grid[0]]):
+        run(n)
 
 
 def kept_runs(totals: list[float]) -> list[bool]:

@@ -10,7 +10,12 @@ A profile is valid only for exactly what it was measured with: the models
 (a store's manifest checksum, a GGUF's size and mtime), the storage format,
 the kernels and thread counts, the flash reader and its read limit, the DRAM
 budget and the extents it pins, the dtype, the machine, and the measurement
-grid.  All of that is the key; the cache file is named by its hash, so any
+grid; on a static-shape backend (`--backend cpu-static|qnn`, lever.npu) also
+the backend, its row and context buckets, the SoC and the onnxruntime / QNN
+versions, so a cpu-static profile never serves a native run.  There the
+grid is the row buckets and the cost a step function (`fixed_shapes`); a
+qnn profile on a non-ARM host is marked `simulated` (the HTP simulator's
+timings, not an NPU's).  All of that is the key; the cache file is named by its hash, so any
 change means another file and a new measurement.  A cached file whose key
 differs, that is corrupt, or of another version is never used: it is
 re-measured with a warning on stderr (so a profile of format version 1,
@@ -26,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -36,8 +42,11 @@ from . import measure as _measure
 from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, VERSION, DeviceProfile, Stage
 from .identity import machine_identity, model_identity, store_identity
 
+DEFAULT_CONTEXT_TOKENS = 128      # context tokens before each timed tree (measure_profile's default)
+
 __all__ = ["DeviceProfile", "Stage", "DEFAULT_N_GRID", "DEFAULT_DRAFT_GRID", "VERSION", "profile_key",
-           "profile_path", "measure_profile", "load_or_measure", "cached_profile", "save_profile"]
+           "profile_path", "measure_profile", "load_or_measure", "cached_profile", "save_profile",
+           "measure_defaults", "static_layers", "target_backend", "simulated_npu"]
 
 
 def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID,
@@ -84,9 +93,70 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
         backend.update(reader=None, read_limit_bytes_per_s=None)
         memory = {"pinned": None, "prefetch_depth": 0}
         target_identity = model_identity(target_id)
+    layers = static_layers(target)
+    if layers is not None:          # a static-shape backend (lever.npu): its buckets, SoC and versions
+        backend["static"] = static_identity(layers)
     key = {"target": target_identity, "draft": model_identity(draft_id), "backend": backend,
            "memory": memory, "dtype": dtype_name(dtype), "machine": machine_identity()}
     return json.loads(json.dumps(key))          # plain JSON types, as read back from a file
+
+
+ARM_MACHINES = ("aarch64", "arm64", "armv8l", "armv7l")
+
+
+def static_layers(target):
+    """The static-shape layer runner of `target` (lever.npu.layers.StaticLayers, set
+    by lever.npu.backend.use_static_backend), or None on the native backend."""
+    layers = getattr(target, "layers", None)
+    return layers if getattr(layers, "fixed_shapes", False) else None
+
+
+def target_backend(target) -> str:
+    """What runs `target`'s layers: "native", "cpu-static" or "qnn"."""
+    layers = static_layers(target)
+    return str(layers.backend) if layers is not None else "native"
+
+
+def simulated_npu(target) -> bool:
+    """Whether `target`'s layers run on a simulated NPU: qnn's HTP on a host that
+    is not ARM (onnxruntime-qnn's x86-64 simulator); its timings are not an NPU's."""
+    return simulated_backend(target_backend(target))
+
+
+def simulated_backend(backend: str) -> bool:
+    """Whether `backend` runs on a simulated NPU on this host (qnn off ARM)."""
+    return backend == "qnn" and platform.machine().lower() not in ARM_MACHINES
+
+
+def static_identity(layers) -> dict:
+    """What a static backend's timings depend on: the backend, its row and context
+    buckets, the graphs' dtype and threads, the SoC (qnn) and the onnxruntime /
+    QNN versions; and whether the NPU is simulated."""
+    from ..npu.runtime import versions
+    graphs = layers.graphs
+    target = getattr(graphs, "target", None)
+    return {"layers": str(layers.backend), "rows": [int(r) for r in layers.planner.rows],
+            "contexts": [int(c) for c in layers.planner.contexts], "graph_dtype": str(layers.dtype),
+            "threads": int(getattr(graphs, "threads", 0) or 0),
+            "soc_model": getattr(target, "soc_model", None), "htp_arch": getattr(target, "htp_arch", None),
+            "versions": versions(), "simulated": simulated_backend(str(layers.backend))}
+
+
+def measure_defaults(target) -> dict:
+    """Measurement settings a target's backend implies: on a static-shape backend the
+    n grid is its row buckets (compute is a step function over them) and the
+    context is at most 128 tokens, below the largest context bucket by the
+    largest tree the measurement runs; {} on the native backend."""
+    layers = static_layers(target)
+    if layers is None:
+        return {}
+    rows = [int(r) for r in layers.planner.rows]
+    room = int(layers.planner.max_context) - max(rows[-1], _measure.OVERHEAD_NODES)
+    if room < 1:
+        raise ProfileError(f"the largest context bucket ({layers.planner.max_context} tokens) leaves no room to "
+                           f"measure a {max(rows[-1], _measure.OVERHEAD_NODES)}-token tree after a context: "
+                           f"add a larger context bucket (--contexts)")
+    return {"n_grid": rows, "context_tokens": min(DEFAULT_CONTEXT_TOKENS, room)}
 
 
 def digest(key: dict) -> str:
@@ -154,7 +224,10 @@ def load_or_measure(target, draft_model, key: dict, cache_dir: str | os.PathLike
                     force: bool = False, progress: bool = True, **measure_kwargs) -> DeviceProfile:
     """The cached profile for `key` (+ the measurement settings in `measure_kwargs`:
     n_grid, draft_grid, context_tokens, repeats), else a new measurement,
-    saved to `profile_path(profile.key, cache_dir)`.  force: always measure."""
+    saved to `profile_path(profile.key, cache_dir)`.  force: always measure.
+    On a static-shape backend n_grid and context_tokens default to
+    `measure_defaults(target)` (the row buckets)."""
+    measure_kwargs = {**measure_defaults(target), **measure_kwargs}
     key = full_key(key, **measure_kwargs)
     path = profile_path(key, cache_dir)
     if not force:

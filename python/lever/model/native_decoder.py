@@ -146,6 +146,13 @@ class NativeDecoder:
         if max_context is not None and max_context < self.config.max_context:
             self.config = dataclasses.replace(self.config, max_context=int(max_context))
 
+    @property
+    def tree_rows_take_context(self) -> bool:
+        """True on a static-shape backend: a pass's rows all count against the
+        context buckets (a split tree's later chunks see the earlier ones as
+        past), so a tree needs its size, not just its depth, of room."""
+        return bool(self.layers.fixed_shapes)
+
     def new_cache(self, capacity: int = 256):
         """An empty KV cache with room for `capacity` tokens (it grows on demand):
         a `_native.KVCache`, or the layer runner's own kind."""

@@ -20,16 +20,16 @@ from .runtime import QnnTarget, check_backend
 
 
 def use_static_backend(decoder, backend: str, buckets: BucketSet, target: QnnTarget | None = None,
-                       threads: int | None = None, root=None) -> StaticLayers:
+                       threads: int | None = None, root=None, keep_weights: bool = False) -> StaticLayers:
     """Run `decoder`'s layers on `backend` ("cpu-static" or "qnn") over `buckets`;
     returns the layer runner (its `report()` goes into stats JSON).  target:
     the SoC for qnn (default SoC 57).  threads: onnxruntime's intra-op
     threads (default: the native core's).  root: the context cache's parent
-    directory (default ``$LEVER_CACHE_DIR/npu``)."""
+    directory (default ``$LEVER_CACHE_DIR/npu``).  keep_weights: keep every
+    layer's dequantised weights after its first pass (DRAM no memory plan
+    counts: tests and small models only)."""
     check_backend(backend)
     graphs = BucketGraphs(decoder.config, backend, threads or _native.get_num_threads(), target, root)
-    # a resident source holds every layer: keep its dequantised weights too
-    keep = getattr(decoder.weights, "weight_bytes", None) is not None
-    layers = StaticLayers(decoder.config, graphs, buckets.planner, keep_weights=keep)
+    layers = StaticLayers(decoder.config, graphs, buckets.planner, keep_weights=keep_weights)
     decoder.run_layers_on(layers, max_context=buckets.planner.max_context)
     return layers

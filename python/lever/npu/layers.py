@@ -11,8 +11,9 @@ lever.npu.graph.  For each pass over T rows with L rows cached:
    its positions and additive mask; the rotary tables come from the
    padded positions.
 2. `run(i, ...)`: layer i's weights are dequantised from the store's blocks
-   into the graph's dtype (as each streamed extent arrives; kept for a
-   source that holds every layer in DRAM), then every chunk runs the
+   into the graph's dtype as each extent arrives (and dropped after the
+   layer: kept, they would cost 2-4x the quantised bytes of DRAM that no
+   memory plan counts), then every chunk runs the
    bucket's graph: real rows go in, padding rows are zeros, the cache's
    first `context` rows are the past.  Unpacking keeps the real rows'
    outputs and writes their keys/values at their cache rows; padding rows'
@@ -26,6 +27,8 @@ the same attention, run in pieces); `splits` counts such passes.  Probes
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .. import _native
@@ -33,6 +36,7 @@ from ..errors import LeverError
 from ..model.config import ModelConfig
 from .context import BucketGraphs
 from .graph import TENSOR_INPUT, weight_shapes
+from .runtime import NpuError
 
 
 class StaticKVCache:
@@ -123,11 +127,11 @@ class StaticLayers:
 
     graphs: the bucket sessions (lever.npu.context.BucketGraphs); planner:
     a `_native.BucketPlanner` over the compiled row and context buckets.
-    keep_weights: keep each layer's dequantised weights after first use (for
-    a source that holds every layer in DRAM; a streamed source re-reads).
-    Counters: passes, chunks (bucket runs per layer), splits (passes over
-    more rows than the largest bucket), rows and padded_rows (real and
-    padding rows per layer run)."""
+    keep_weights: keep each layer's dequantised weights after first use
+    (tests and small models only: see the module docstring).  Counters:
+    passes, chunk_runs (bucket runs, all layers), splits (passes over more
+    rows than the largest bucket), rows and padded_rows (real and padding
+    rows per layer run), dequant_s (seconds dequantising weights)."""
 
     fixed_shapes = True
 
@@ -140,6 +144,7 @@ class StaticLayers:
         self._chunks: list[tuple] = []
         self._rows = 0
         self.passes = self.chunk_runs = self.splits = self.rows = self.padded_rows = 0
+        self.dequant_s = 0.0
         self.used: set[tuple[int, int]] = set()       # (rows, context) buckets run
 
     def new_cache(self, capacity: int) -> StaticKVCache:
@@ -154,7 +159,11 @@ class StaticLayers:
         t, past = tokens.shape[0], cache.length
         cache.reserve(max(past + t, self.planner.max_context + self.planner.max_rows))
         self._chunks = []
-        for start, end, rows, context in self.planner.chunks(t, past):
+        try:
+            chunks = self.planner.chunks(t, past)
+        except ValueError as e:
+            raise NpuError(f"a pass of {t} rows over {past} cached ones does not fit the context buckets: {e}") from None
+        for start, end, rows, context in chunks:
             ids = np.empty(rows, dtype=np.int64)
             pos = np.empty(rows, dtype=np.int64)
             add = np.empty((rows, context + rows), dtype=np.float32)
@@ -192,7 +201,9 @@ class StaticLayers:
     def _layer_weights(self, i: int, layout, buffer: np.ndarray) -> dict[str, np.ndarray]:
         if i in self._weights:
             return self._weights[i]
+        t0 = time.perf_counter()
         w = layer_weights(self.cfg, layout, buffer, self.dtype)
+        self.dequant_s += time.perf_counter() - t0
         if self.keep_weights:
             self._weights[i] = w
         return w
@@ -206,6 +217,6 @@ class StaticLayers:
         """Counters for stats JSON."""
         return {"backend": self.backend, "dtype": self.dtype, "passes": self.passes,
                 "bucket_runs": self.chunk_runs, "split_passes": self.splits, "rows": self.rows,
-                "padded_rows": self.padded_rows,
+                "padded_rows": self.padded_rows, "dequant_s": round(self.dequant_s, 4),
                 "buckets_used": [list(b) for b in sorted(self.used)],
                 "contexts_compiled": self.graphs.compiled, "compile_s": round(self.graphs.compile_s, 3)}

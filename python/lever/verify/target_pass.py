@@ -115,6 +115,11 @@ class TargetVerifier:
         return self.target.config.vocab_size
 
     @property
+    def tree_rows_take_context(self) -> bool:
+        """Every row of a tree pass needs context room (a static-shape target)."""
+        return bool(getattr(self.target, "tree_rows_take_context", False))
+
+    @property
     def max_context(self) -> int:
         """Tokens a sequence may hold (prompt, new tokens and a tree's depth)."""
         return self.target.config.max_context
