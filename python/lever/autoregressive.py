@@ -50,12 +50,17 @@ class GenerationResult:
         return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
 
 
-def check_context(n_prompt: int, max_new_tokens: int, max_context: int) -> None:
+def check_context(n_prompt: int, max_new_tokens: int, max_context: int, tree_room: int = 0,
+                  tree_what: str = "") -> None:
+    """ContextOverflowError unless the prompt, the new tokens and `tree_room`
+    more (a draft tree's depth, or its rows on a static-shape target: tree_what
+    says which) fit `max_context` tokens."""
     if n_prompt == 0:
         raise ContextOverflowError("the prompt is empty (0 tokens)")
-    if n_prompt + max_new_tokens > max_context:
+    if n_prompt + max_new_tokens + tree_room > max_context:
+        tree = f" and {tree_room} for {tree_what or 'the draft tree'}" if tree_room else ""
         raise ContextOverflowError(
-            f"prompt of {n_prompt} tokens plus {max_new_tokens} new tokens exceeds "
+            f"prompt of {n_prompt} tokens plus {max_new_tokens} new tokens{tree} exceeds "
             f"the model's context of {max_context} tokens")
 
 

@@ -174,10 +174,13 @@ def overlap_json(iteration_s: float, draft_s: float, ahead_s: float, verify_s: f
             "ratio": round(serial / iteration_s, 4) if iteration_s > 0 else None}
 
 
-def tree_room(model, spec: SpecConfig) -> int:
-    """Context tokens a tree needs beyond the committed ones: its depth, or its
-    size on a static-shape target (`tree_rows_take_context`, lever.npu)."""
-    return spec.max_tree_nodes if getattr(model, "tree_rows_take_context", False) else spec.max_depth
+def tree_room(model, spec: SpecConfig) -> tuple[int, str]:
+    """(context tokens a tree needs beyond the committed ones, what they are):
+    its depth, or its rows on a static-shape target (`tree_rows_take_context`,
+    lever.npu: a split tree's later chunks see the earlier rows as past)."""
+    if getattr(model, "tree_rows_take_context", False):
+        return spec.max_tree_nodes, "the draft tree's rows (a static-shape backend)"
+    return spec.max_depth, "the draft tree's depth"
 
 
 def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
@@ -185,7 +188,7 @@ def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int],
                          stop_ids: frozenset[int] = frozenset(),
                          on_token=None) -> tuple[GenerationResult, SpecStats]:
     """Generate with the target's exact output, using `drafter` to propose tokens."""
-    check_context(len(prompt_ids), max_new_tokens + tree_room(target, spec), target.config.max_context)
+    check_context(len(prompt_ids), max_new_tokens, target.config.max_context, *tree_room(target, spec))
     verifier = TargetVerifier(target, params, capacity=len(prompt_ids) + max_new_tokens + spec.max_tree_nodes + 2,
                               pass_hook=spec.pruner)
     if spec.pruner is None:
@@ -207,7 +210,7 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
     what was generated so far in its `partial_result` attribute."""
     if spec.mode != "ar" and drafter is None:
         raise LeverError(f"mode {spec.mode} needs a drafter (--draft)")
-    check_context(len(prompt_ids), max_new_tokens + tree_room(verifier, spec), verifier.max_context)
+    check_context(len(prompt_ids), max_new_tokens, verifier.max_context, *tree_room(verifier, spec))
     result, stats = GenerationResult(prompt_ids=list(prompt_ids)), SpecStats()
     if max_new_tokens <= 0:
         return result, stats

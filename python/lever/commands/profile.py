@@ -20,6 +20,18 @@ from .options import add_backend_options, add_cache_dir, add_dram_budget, add_re
 PROFILE_KV_TOKENS = 2048
 
 
+def step_function_line(model, buckets) -> str:
+    """The pass cost the tree policy prices on fixed shapes: one value per row
+    bucket, held for every tree size up to it (milliseconds)."""
+    edges = [int(b) for b in buckets]
+    verify = model.verify_s(max(edges))
+    steps, low = [], 1
+    for b in edges:
+        steps.append(f"n={low}..{b} {verify[b - 1] * 1e3:,.1f} ms" if low < b else f"n={b} {verify[b - 1] * 1e3:,.1f} ms")
+        low = b + 1
+    return "pass per bucket (the step function the tree policy prices): " + ", ".join(steps)
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "profile", help="measure this device's cost model for a target and draft (cached)",
@@ -171,6 +183,8 @@ def print_table(model, target_name: str, draft_name: str) -> None:
     verify, compute = model.verify_s(max(SUMMARY_N)), model.compute_s(max(SUMMARY_N))
     print("pass (predicted): " + ", ".join(
         f"n={n} {verify[n - 1] * 1e3:,.1f} ms (compute {compute[n - 1] * 1e3:,.1f})" for n in SUMMARY_N))
+    if p.fixed_shapes:
+        print(step_function_line(model, p.n_grid))
     print(f"flash floor {model.io_floor_s * 1e3:,.1f} ms/pass; I/O share at n=1 {model.io_share(1):.0%}, "
           f"n=64 {model.io_share(64):.0%}"
           + (f" (n > {max(p.n_grid)} extrapolated)" if max(p.n_grid) < max(SUMMARY_N) else ""))
