@@ -18,28 +18,16 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("onnxruntime")
-
-from lever.errors import LeverError                     # noqa: E402
-from lever.model.config import ModelConfig              # noqa: E402
-from lever.npu import runtime                           # noqa: E402
-from lever.npu.context import META, BucketGraphs, check_meta, context_meta  # noqa: E402
-from lever.npu.runtime import NpuError, QnnTarget       # noqa: E402
+from lever.errors import LeverError
+from lever.model.config import ModelConfig
+from lever.npu import runtime
+from lever.npu.context import META, BucketGraphs, check_meta, context_meta
+from lever.npu.runtime import NpuError, QnnTarget
 
 CFG = ModelConfig(arch="llama", vocab_size=100, hidden_size=64, intermediate_size=128, n_layers=2, n_heads=8,
                   n_kv_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0, max_context=512,
                   tie_word_embeddings=False, attention_bias=False)
 
-
-def qnn_available() -> bool:
-    try:
-        runtime.qnn_devices()
-        return True
-    except Exception:
-        return False
-
-
-needs_qnn = pytest.mark.skipif(not qnn_available(), reason="onnxruntime-qnn is not installed")
 
 RUN_ONE_BUCKET = textwrap.dedent("""
     import json, sys
@@ -68,7 +56,6 @@ def run_bucket(root, backend: str, action: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@needs_qnn
 def test_context_binaries_load_and_run_in_a_fresh_process(tmp_path):
     import numpy as np
     made = run_bucket(tmp_path, "qnn", "compile")
@@ -103,7 +90,6 @@ def test_stale_context_directories_are_refused(tmp_path):
         check_meta(tmp_path, want)
 
 
-@needs_qnn
 def test_a_binary_for_another_model_is_not_loaded(tmp_path):
     graphs = BucketGraphs(CFG, "qnn", root=tmp_path)
     graphs.compile(4, 16)

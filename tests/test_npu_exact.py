@@ -26,29 +26,26 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime")
-
-from lever import _native                                   # noqa: E402
-from lever.autoregressive import generate_tokens            # noqa: E402
-from lever.draft.base import TreeShape                      # noqa: E402
-from lever.draft.model_drafter import ModelDrafter          # noqa: E402
-from lever.engine import SpecConfig, speculative_generate   # noqa: E402
-from lever.errors import LeverError                         # noqa: E402
-from lever.model.native_loader import load_gguf_native      # noqa: E402
-from lever.npu.backend import use_static_backend            # noqa: E402
-from lever.npu.buckets import BucketSet                     # noqa: E402
-from lever.npu.graph import input_shapes                    # noqa: E402
-from lever.npu.layers import StaticKVCache, rope_tables     # noqa: E402
-from lever.sampling import SamplingParams                   # noqa: E402
-from lever.tree import TokenTree                            # noqa: E402
-from test_speculative import (N_SAMPLES, P_THRESHOLD, SAMPLE_PARAMS, SAMPLE_PROMPT, SAMPLE_TOKENS,  # noqa: E402
-                              chi_square, exact_joint, full_logits, lever_spec, random_prompts)
-from tiny_model import write_tiny_gguf                      # noqa: E402
+from lever import _native
+from lever.autoregressive import generate_tokens
+from lever.draft.base import TreeShape
+from lever.draft.model_drafter import ModelDrafter
+from lever.engine import SpecConfig, speculative_generate
+from lever.errors import LeverError
+from lever.model.native_loader import load_gguf_native
+from lever.npu.backend import use_static_backend
+from lever.npu.buckets import BucketSet
+from lever.npu.graph import input_shapes
+from lever.npu.layers import StaticKVCache, rope_tables
+from lever.sampling import SamplingParams
+from lever.tree import TokenTree
+from test_speculative import (N_SAMPLES, P_THRESHOLD, SAMPLE_PARAMS, SAMPLE_PROMPT, SAMPLE_TOKENS,
+                              chi_square, exact_joint, full_logits, lever_spec, make_draw,
+                              random_prompts, sample_counts)
+from tiny_model import write_tiny_gguf
 
 EXACT_CPU_TOL = 1e-4     # cpu-static vs native, float32 weights: |logit diff| / max |logit|
 EXACT_HTP_TOL = 2e-2     # simulated HTP (float16) vs native, float32 weights
@@ -56,17 +53,6 @@ CPU_TOL = 0.04           # cpu-static vs native on Q4_1 SmolLM2 (native: 8-bit a
 HTP_TOL = 0.05           # simulated HTP vs native on Q4_1 SmolLM2
 SIZES = dict(vocab=211, hidden=64, ff=128, heads=8, kv_heads=2, context=512, layers=4)
 
-
-def qnn_available() -> bool:
-    try:
-        from lever.npu.runtime import qnn_devices
-        qnn_devices()
-        return True
-    except Exception:
-        return False
-
-
-needs_qnn = pytest.mark.skipif(not qnn_available(), reason="onnxruntime-qnn is not installed")
 
 
 def random_tree(rng, root: int, n: int, vocab: int) -> TokenTree:
@@ -114,7 +100,7 @@ def compare(ref: np.ndarray, got: np.ndarray, tol: float, label: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("backend", ["cpu-static", pytest.param("qnn", marks=needs_qnn)])
+@pytest.mark.parametrize("backend", ["cpu-static", "qnn"])
 def test_buckets_equal_native_forward_on_float32_weights(tmp_path, arch, backend):
     path = write_tiny_gguf(tmp_path / "f32.gguf", arch=arch, tied=False, seed=5, matrix_type="F32", std=0.2,
                            **SIZES)
@@ -144,7 +130,6 @@ def test_cpu_static_buckets_equal_native_forward(smollm2_path, smol_native):
     assert {(8, 32), (16, 32)} <= layers.used
 
 
-@needs_qnn
 @pytest.mark.real
 def test_qnn_buckets_equal_native_forward(smollm2_path, smol_native, tmp_path):
     rng = np.random.default_rng(1)
@@ -203,7 +188,7 @@ def first_layer_weights(model, layers):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("backend", ["cpu-static", pytest.param("qnn", marks=needs_qnn)])
+@pytest.mark.parametrize("backend", ["cpu-static", "qnn"])
 def test_padding_rows_cannot_change_real_rows(smollm2_path, backend, tmp_path):
     model = load_gguf_native(smollm2_path, "float32")[0]
     layers = use_static_backend(model, backend, BucketSet((8,), (32,)), root=tmp_path)
@@ -270,7 +255,6 @@ def check_greedy(target, draft, prompts, native=None) -> set:
     return divergences
 
 
-@needs_qnn
 def test_qnn_greedy_is_token_identical_to_qnn_target_alone(tmp_path):
     target, draft, layers = toy_models(tmp_path, "qnn", BucketSet((1, 8, 16), (32, 64)), root=tmp_path / "ctx")
     native = load_gguf_native(tmp_path / "target.gguf", "float32")[0]
@@ -293,12 +277,7 @@ def test_cpu_static_sampling_matches_exact_target_distribution(tmp_path):
                              "float32")[0]
     use_static_backend(target, "cpu-static", BucketSet((1, 4, 8), (16, 32)))
     exact = exact_joint(target, SAMPLE_PROMPT, SamplingParams(**SAMPLE_PARAMS), SAMPLE_TOKENS)
-    spec = SpecConfig("tree", tree=TreeShape(budget=6, topk=3, depth=2))
-    counts = Counter()
-    for s in range(N_SAMPLES):
-        result, _ = speculative_generate(target, ModelDrafter(draft), SAMPLE_PROMPT, SAMPLE_TOKENS,
-                                         SamplingParams(seed=700_000 + s, **SAMPLE_PARAMS), spec)
-        counts[tuple(result.token_ids)] += 1
+    counts = sample_counts(make_draw(target, draft, "tree"), 700_000)      # test_speculative's SAMPLE_TREE
     pvalue, stat, dof, impossible = chi_square(counts, exact, N_SAMPLES)
     print(f"cpu-static sampling: chi2 {stat:.1f} dof {dof} p-value {pvalue:.4f}")
     assert not impossible
