@@ -175,19 +175,19 @@ def test_a_damaged_store_fails_until_repaired_then_is_read_afresh(tiny_store, cl
 
 
 class FailingLayer:
-    """The native model, except that layer `i`'s compute raises once."""
+    """The decoder's layer runner, except that layer `i`'s compute raises once."""
 
-    def __init__(self, native, i):
-        self._native, self._i, self.raised = native, i, False
+    def __init__(self, layers, i):
+        self._layers, self._i, self.raised = layers, i, False
 
-    def layer(self, x, layout, buffer, cache, i):
+    def run(self, i, x, layout, buffer, cache):
         if i == self._i and not self.raised:
             self.raised = True
             raise RuntimeError(f"injected failure in layer {i}")
-        return self._native.layer(x, layout, buffer, cache, i)
+        return self._layers.run(i, x, layout, buffer, cache)
 
     def __getattr__(self, name):
-        return getattr(self._native, name)
+        return getattr(self._layers, name)
 
 
 @pytest.mark.parametrize("i", [0, 2, 3])
@@ -195,7 +195,7 @@ def test_an_exception_inside_a_layer_leaves_the_target_usable(tiny_store, clean,
     store, budget = tiny_store
     model = open_target(store, budget, monkeypatch)
     try:
-        model.native = FailingLayer(model.native, i)
+        model.layers = FailingLayer(model.layers, i)
         with pytest.raises(RuntimeError, match=f"injected failure in layer {i}"):
             logits(model)
         next_passes_are_exact(model, clean)
