@@ -126,6 +126,40 @@ def test_bf16_is_rounded_reference(qtype, n_blocks, threads):
     assert_bf16_matches(native_bf16(raw, qtype), ref)
 
 
+def native_f16(raw: np.ndarray, qtype) -> np.ndarray:
+    n = raw.size // GGML_QUANT_SIZES[qtype][1] * GGML_QUANT_SIZES[qtype][0]
+    out = np.full(n, 0xDEAD, dtype=np.uint16).view(np.float16)
+    native.dequantize(raw, int(qtype), out)
+    return out
+
+
+def assert_same_f16(out: np.ndarray, ref: np.ndarray) -> None:
+    """Bit for bit numpy's astype(float16) (round to nearest even), NaN for NaN."""
+    with np.errstate(over="ignore"):
+        want = ref.astype(np.float16)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(out), nan)
+    np.testing.assert_array_equal(out.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+
+
+@pytest.mark.parametrize("qtype,n_blocks", CASES, ids=CASE_IDS)
+def test_f16_is_rounded_reference(qtype, n_blocks, threads):
+    """float16 output (the NPU graphs' weights) is the fp32 dequantisation rounded as numpy rounds."""
+    raw = random_blocks(qtype, n_blocks, seed=n_blocks * 100 + int(qtype))
+    assert_same_f16(native_f16(raw, qtype), ref_dequantize(raw, qtype).reshape(-1))
+
+
+def test_f16_rounding_edges():
+    """Overflow to infinity from 65520 up, ties to even, subnormals, signed zeros, NaN."""
+    edges = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.996, 65520.0, -65520.0, 1e6,
+                      2.0 ** -14, 2.0 ** -15 * 1.5, 2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.0001, 3 * 2.0 ** -26,
+                      1e-30, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, -1.0 - 2.0 ** -11], dtype=np.float32)
+    rng = np.random.default_rng(7)
+    spread = (rng.standard_normal(20000) * 10.0 ** rng.integers(-9, 6, 20000)).astype(np.float32)
+    values = np.concatenate([edges, spread])
+    assert_same_f16(native_f16(values.view(np.uint8), T.F32), values)
+
+
 @pytest.mark.parametrize("qtype", QUANTISABLE, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_blocks", [1, 33, 5 * _GRAIN_ELEMENTS // 32 + 1])
 def test_blocks_from_gguf_quantize(qtype, n_blocks, threads):
@@ -314,9 +348,9 @@ def test_bad_buffers():
         native.dequantize(raw.view(np.int16), int(T.Q8_0), out)
     with pytest.raises(ValueError, match="out must be C-contiguous"):
         native.dequantize(raw, int(T.Q8_0), np.empty(256, np.float32)[::2])
-    with pytest.raises(ValueError, match="out must be a float32 array or a uint16 array"):
+    with pytest.raises(ValueError, match="out must be a float32 array, a float16 array or a uint16 array"):
         native.dequantize(raw, int(T.Q8_0), np.empty(128, np.float64))
-    with pytest.raises(ValueError, match="out must be a float32 array or a uint16 array"):
+    with pytest.raises(ValueError, match="out must be a float32 array, a float16 array or a uint16 array"):
         native.dequantize(raw, int(T.Q8_0), np.empty(128, np.int16))
     read_only = np.empty(128, np.float32)
     read_only.flags.writeable = False

@@ -60,9 +60,10 @@ void dequantize(const py::buffer& raw, int qtype, const py::buffer& out) {
   const std::string fmt = base_format(dst);
   const bool is_f32 = dst.itemsize == 4 && fmt == "f";
   const bool is_bf16 = dst.itemsize == 2 && fmt == "H";
-  if (!is_f32 && !is_bf16) {
-    throw py::value_error("out must be a float32 array or a uint16 array of bf16 bits, got format '" +
-                          dst.format + "'");
+  const bool is_f16 = dst.itemsize == 2 && fmt == "e";
+  if (!is_f32 && !is_bf16 && !is_f16) {
+    throw py::value_error("out must be a float32 array, a float16 array or a uint16 array of bf16 bits, "
+                          "got format '" + dst.format + "'");
   }
   if (dst.readonly) throw py::value_error("out must be writable");
   require_c_contiguous(dst, "out");
@@ -76,6 +77,8 @@ void dequantize(const py::buffer& raw, int qtype, const py::buffer& out) {
   py::gil_scoped_release no_gil;
   if (is_f32) {
     lever::dequantize_to_f32(src_ptr, n_bytes, qtype, static_cast<float*>(dst.ptr), n_elements);
+  } else if (is_f16) {
+    lever::dequantize_to_f16(src_ptr, n_bytes, qtype, static_cast<uint16_t*>(dst.ptr), n_elements);
   } else {
     lever::dequantize_to_bf16(src_ptr, n_bytes, qtype, static_cast<uint16_t*>(dst.ptr),
                               n_elements);
@@ -258,8 +261,8 @@ PYBIND11_MODULE(_native, m) {
 raw:   C-contiguous uint8 array, the tensor's bytes (whole blocks).
 qtype: ggml type id (see supported_types()).
 out:   writable C-contiguous array of exactly the element count the bytes
-       encode: float32 for fp32 values, or uint16 for bf16 bit patterns
-       (rounded to nearest-even).
+       encode: float32 for fp32 values, float16 for fp16 values, or uint16
+       for bf16 bit patterns (both rounded to nearest-even).
 Raises ValueError for an unsupported type, a size mismatch or a bad buffer.
 Releases the GIL and runs on the native thread pool.)doc");
 

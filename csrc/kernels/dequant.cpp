@@ -566,6 +566,58 @@ void dequantize_to_bf16(const uint8_t* src, size_t n_bytes, int type, uint16_t* 
   });
 }
 
+uint16_t fp32_to_fp16(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, sizeof(x));
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;      // NaN: a quiet NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;     // >= 65520 rounds to infinity (and inf stays)
+  if (abs >= 0x38800000u) {                           // a normal fp16 (>= 2^-14)
+    uint32_t h = ((abs >> 23) - 112u) << 10 | ((abs & 0x7fffffu) >> 13);
+    const uint32_t rest = abs & 0x1fffu;              // the 13 bits dropped
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry may raise the exponent: right
+    return sign | static_cast<uint16_t>(h);
+  }
+  if (abs < 0x33000000u) return sign;                 // <= 2^-25 rounds to zero
+  // A subnormal fp16: m * 2^-24 with m = the 24-bit mantissa * 2^(exponent - 126), rounded.
+  const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - (abs >> 23);          // 14..24
+  uint32_t m = mant >> shift;
+  const uint32_t rest = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rest > half || (rest == half && (m & 1u))) ++m; // m = 1024 is the smallest normal: right
+  return sign | static_cast<uint16_t>(m);
+}
+
+void dequantize_to_f16(const uint8_t* src, size_t n_bytes, int type, uint16_t* dst,
+                       size_t n_elements) {
+  const Format& f = require_format(type);
+  const size_t n_blocks = check_sizes(f, n_bytes, n_elements);
+  parallel_for(n_blocks, grain_blocks(f), [&](size_t begin, size_t end) {
+    const uint8_t* s = src + begin * f.type_size;
+    uint16_t* y = dst + begin * f.block_size;
+    const size_t n = end - begin;
+    if (f.type == kTypeF16) {
+      std::memcpy(y, s, n * sizeof(uint16_t));  // already fp16
+      return;
+    }
+    // Dequantise a batch to fp32 (F32 data is read as it is), then round it.
+    float tmp[kBf16BatchElements];
+    const size_t batch_blocks = kBf16BatchElements / f.block_size;
+    for (size_t b = 0; b < n; b += batch_blocks) {
+      const size_t nb = std::min(batch_blocks, n - b);
+      const size_t count = nb * f.block_size;
+      if (f.type == kTypeF32) {
+        std::memcpy(tmp, s + b * f.type_size, count * sizeof(float));
+      } else {
+        f.to_f32(s + b * f.type_size, tmp, nb);
+      }
+      uint16_t* out = y + b * f.block_size;
+      for (size_t i = 0; i < count; ++i) out[i] = fp32_to_fp16(tmp[i]);
+    }
+  });
+}
+
 float fp16_to_fp32(uint16_t h) { return half_to_float(h); }
 
 void fp16_to_fp32_row(const uint8_t* src, size_t n, float* dst) { dequant_f16(src, dst, n); }

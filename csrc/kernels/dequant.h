@@ -62,12 +62,19 @@ void dequantize_to_f32(const uint8_t* src, size_t n_bytes, int type, float* dst,
                        size_t n_elements);
 void dequantize_to_bf16(const uint8_t* src, size_t n_bytes, int type, uint16_t* dst,
                         size_t n_elements);
+// The same into fp16 bit patterns (IEEE binary16, round-to-nearest-even:
+// beyond 65504 to infinity, below 2^-14 to subnormals; NaN -> quiet NaN):
+// the float16 weights an NPU graph takes (lever.npu).
+void dequantize_to_f16(const uint8_t* src, size_t n_bytes, int type, uint16_t* dst,
+                       size_t n_elements);
 
 // Scalar conversions used by the kernels, exposed for other kernels and tests.
 // fp16 -> fp32 is exact for every input (NaN payloads are kept unchanged).
 float fp16_to_fp32(uint16_t h);
 // fp32 -> bf16, round to nearest, ties to even; NaN -> quiet NaN, same sign.
 uint16_t fp32_to_bf16(float f);
+// fp32 -> fp16, round to nearest, ties to even (as numpy's astype(float16)).
+uint16_t fp32_to_fp16(float f);
 
 // n fp16 values (2 n little-endian bytes at src, any alignment) -> fp32 at
 // dst, on the calling thread; the same bits as fp16_to_fp32 on each value.

@@ -113,9 +113,9 @@ def layer_weights(cfg: ModelConfig, layout, buffer: np.ndarray, dtype: str) -> d
             raise LeverError(f"layer tensor {name!r} has no input in the bucket graph")
         count = int(np.prod(shape))
         nbytes = count // _native.block_size(qtype) * _native.type_size(qtype)
-        values = np.empty(count, dtype=np.float32)
+        values = np.empty(count, dtype=dtype)           # float32 or float16: the native core rounds
         _native.dequantize(buffer[offset:offset + nbytes], qtype, values)
-        out[key] = values.reshape(shapes[key]).astype(dtype, copy=False)
+        out[key] = values.reshape(shapes[key])
     missing = sorted(set(shapes) - set(out))
     if missing:
         raise LeverError(f"the layer lacks tensors for graph inputs {', '.join(missing)}")
