@@ -538,34 +538,6 @@ void dequantize_to_f32(const uint8_t* src, size_t n_bytes, int type, float* dst,
   });
 }
 
-void dequantize_to_bf16(const uint8_t* src, size_t n_bytes, int type, uint16_t* dst,
-                        size_t n_elements) {
-  const Format& f = require_format(type);
-  const size_t n_blocks = check_sizes(f, n_bytes, n_elements);
-  parallel_for(n_blocks, grain_blocks(f), [&](size_t begin, size_t end) {
-    const uint8_t* s = src + begin * f.type_size;
-    uint16_t* y = dst + begin * f.block_size;
-    const size_t n = end - begin;
-    if (f.type == kTypeBF16) {
-      std::memcpy(y, s, n * sizeof(uint16_t));  // already bf16
-      return;
-    }
-    if (f.type == kTypeF32) {
-      round_to_bf16(s, y, n);
-      return;
-    }
-    // Everything else: dequantise a batch to fp32, then round it.
-    float tmp[kBf16BatchElements];
-    const size_t batch_blocks = kBf16BatchElements / f.block_size;
-    for (size_t b = 0; b < n; b += batch_blocks) {
-      const size_t nb = std::min(batch_blocks, n - b);
-      f.to_f32(s + b * f.type_size, tmp, nb);
-      round_to_bf16(reinterpret_cast<const uint8_t*>(tmp), y + b * f.block_size,
-                    nb * f.block_size);
-    }
-  });
-}
-
 uint16_t fp32_to_fp16(float value) {
   uint32_t x;
   std::memcpy(&x, &value, sizeof(x));
@@ -589,33 +561,57 @@ uint16_t fp32_to_fp16(float value) {
   return sign | static_cast<uint16_t>(m);
 }
 
-void dequantize_to_f16(const uint8_t* src, size_t n_bytes, int type, uint16_t* dst,
-                       size_t n_elements) {
+namespace {
+
+// Dequantise into 16-bit patterns: data already of type `same_type` is
+// copied, F32 data is rounded as it is, anything else is dequantised a batch
+// at a time to fp32 and then rounded. round(f32 bytes, dst, n) rounds n values.
+template <class RoundRow>
+void dequantize_rounded(const uint8_t* src, size_t n_bytes, int type, uint16_t* dst,
+                        size_t n_elements, int same_type, RoundRow round) {
   const Format& f = require_format(type);
   const size_t n_blocks = check_sizes(f, n_bytes, n_elements);
   parallel_for(n_blocks, grain_blocks(f), [&](size_t begin, size_t end) {
     const uint8_t* s = src + begin * f.type_size;
     uint16_t* y = dst + begin * f.block_size;
     const size_t n = end - begin;
-    if (f.type == kTypeF16) {
-      std::memcpy(y, s, n * sizeof(uint16_t));  // already fp16
+    if (f.type == same_type) {
+      std::memcpy(y, s, n * sizeof(uint16_t));  // already in the target format
       return;
     }
-    // Dequantise a batch to fp32 (F32 data is read as it is), then round it.
+    if (f.type == kTypeF32) {
+      round(s, y, n);
+      return;
+    }
     float tmp[kBf16BatchElements];
     const size_t batch_blocks = kBf16BatchElements / f.block_size;
     for (size_t b = 0; b < n; b += batch_blocks) {
       const size_t nb = std::min(batch_blocks, n - b);
-      const size_t count = nb * f.block_size;
-      if (f.type == kTypeF32) {
-        std::memcpy(tmp, s + b * f.type_size, count * sizeof(float));
-      } else {
-        f.to_f32(s + b * f.type_size, tmp, nb);
-      }
-      uint16_t* out = y + b * f.block_size;
-      for (size_t i = 0; i < count; ++i) out[i] = fp32_to_fp16(tmp[i]);
+      f.to_f32(s + b * f.type_size, tmp, nb);
+      round(reinterpret_cast<const uint8_t*>(tmp), y + b * f.block_size, nb * f.block_size);
     }
   });
+}
+
+void round_to_f16(const uint8_t* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(float));
+    dst[i] = fp32_to_fp16(v);
+  }
+}
+
+}  // namespace
+
+void dequantize_to_bf16(const uint8_t* src, size_t n_bytes, int type, uint16_t* dst,
+                        size_t n_elements) {
+  dequantize_rounded(src, n_bytes, type, dst, n_elements, kTypeBF16,
+                     [](const uint8_t* f32, uint16_t* out, size_t n) { round_to_bf16(f32, out, n); });
+}
+
+void dequantize_to_f16(const uint8_t* src, size_t n_bytes, int type, uint16_t* dst,
+                       size_t n_elements) {
+  dequantize_rounded(src, n_bytes, type, dst, n_elements, kTypeF16, round_to_f16);
 }
 
 float fp16_to_fp32(uint16_t h) { return half_to_float(h); }
