@@ -6,7 +6,7 @@ graph in memory.  For ``qnn`` it is loaded from a *context binary*: the
 graph compiled by the QNN HTP backend for one SoC (`*_ctx.onnx` naming a
 `*_qnn.bin`), which is what a phone loads; a missing one is compiled once
 and cached.  `lever compile-npu` prepares every bucket ahead of time
-(`compile_all`).
+(`compile`, bucket by bucket; `compile_all` for a whole grid).
 
 Cache layout: ``$LEVER_CACHE_DIR/npu/<key>/r{rows}_c{context}_ctx.onnx``
 (+ ``_qnn.bin``) with one ``meta.json`` per key.  The key hashes what a
@@ -19,6 +19,7 @@ meta.json and says what differs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -42,6 +43,7 @@ def layer_signature(cfg: ModelConfig) -> dict:
             "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta, "bias": cfg.attention_bias}
 
 
+@functools.lru_cache(maxsize=16)
 def graph_digest(cfg: ModelConfig, dtype: str) -> str:
     """A hash of the layer graph Lever writes today (a 1-row, 1-context bucket):
     any change to lever.npu.graph's arithmetic makes older binaries stale."""

@@ -172,10 +172,3 @@ def create_session(model, backend: str, threads: int = 1, target: QnnTarget | No
                 else ort.InferenceSession(model, so)
         except Exception as e:
             raise NpuError(f"onnxruntime could not prepare a {backend} session: {str(e).splitlines()[0]}") from None
-
-
-def executed_on(session) -> list[str]:
-    """The execution providers a session runs on."""
-    return list(session.get_providers())
-
-
