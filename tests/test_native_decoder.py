@@ -90,15 +90,18 @@ def test_tiny_native_equals_torch_reference(tmp_path, arch, matrix_type):
 def test_smollm2_native_equals_torch_reference(smollm2_path):
     """The real SmolLM2 (llama, tied, Q4_1/Q8_0 blocks): 16 greedy tokens the same,
     logits close.  Both multiply the blocks with 8-bit activations, quantised at
-    different points: measured, the two differ by up to ~1.2 of logits up to ~34
-    (as much as the torch quantised and dense paths differ from each other); a
-    wrong row order or tensor would differ by far more."""
+    different points, and where a value lands on a rounding boundary of the 8-bit
+    grid depends on torch's own summation order (its CPU kernels differ by ISA).
+    Measured: up to ~1.2 of logits up to ~34 on an AVX-512 host, up to 1.84 on an
+    AVX2-only host (row maxima 0.5-1.8; the torch quantised and dense paths
+    differ by up to 1.4 before their tokens part); a wrong row order or tensor
+    differs by 15-30."""
     ref, _ = load_gguf_model(smollm2_path, torch.float32, quantized=True)
     model, _ = load_gguf_native(smollm2_path, "float32")
     want, want_tokens = decode(torch_forward(ref), PROMPT, 16)
     got, got_tokens = decode(native_forward(model), PROMPT, 16)
     assert got_tokens == want_tokens
-    assert_close(got, want, 5e-2)
+    assert_close(got, want, 8e-2)
 
 
 def test_bfloat16_cache_is_close_to_float32(tiny):

@@ -26,7 +26,8 @@ RUN_PATH = ["lever.cli", "lever.api", "lever.engine", "lever.autoregressive", "l
             "lever.cost.profile", "lever.cost.measure", "lever.quant", "lever.model.loading",
             "lever.model.torch_reference", "lever.commands.generate", "lever.commands.bench",
             "lever.commands.profile", "lever.commands.serve_verifier", "lever.remote.client",
-            "lever.remote.server", "lever.remote.edge", "lever.remote.session", "lever.store.convert"]
+            "lever.remote.server", "lever.remote.edge", "lever.remote.session", "lever.store.convert",
+            "lever.commands.serve", "lever.serve.app", "lever.remote.batcher", "lever.remote.vllm_verifier"]
 
 
 def test_run_path_imports_no_torch():

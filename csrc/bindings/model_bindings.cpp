@@ -187,22 +187,46 @@ void model_check_layout(const NativeModel& model, const LayerLayout& layout, int
   model.check_layout(layout, non_negative(nbytes, "buffer_nbytes"));
 }
 
-void model_begin_pass(NativeModel& model, const py::buffer& positions, const py::buffer& mask,
-                      const KVCache& cache) {
+// One segment's (positions, mask) as a PassSegment over `cache` (the buffers
+// must outlive the call that uses it).
+lever::PassSegment pass_segment(const py::buffer& positions, const py::buffer& mask, const KVCache& cache,
+                                const std::string& where) {
   const auto pos = int64_vector(positions, "positions");
   const py::buffer_info m = mask.request();
   if (m.ndim != 2 || m.itemsize != 1 || base_format(m) != "?") {
-    throw py::value_error("mask must be a 2-D bool array");
+    throw py::value_error(where + "mask must be a 2-D bool array");
   }
   const auto rows = static_cast<size_t>(m.shape[0]), cols = static_cast<size_t>(m.shape[1]);
   if ((cols > 1 && m.strides[1] != 1) || (rows > 1 && static_cast<size_t>(m.strides[0]) != cols)) {
-    throw py::value_error("mask must be C-contiguous");
+    throw py::value_error(where + "mask must be C-contiguous");
   }
   if (rows != pos.second) {
-    throw py::value_error("mask has " + std::to_string(rows) + " rows but there are " +
+    throw py::value_error(where + "mask has " + std::to_string(rows) + " rows but there are " +
                           std::to_string(pos.second) + " positions");
   }
-  model.begin_pass(pos.first, pos.second, static_cast<const uint8_t*>(m.ptr), cols, cache);
+  return {pos.first, pos.second, static_cast<const uint8_t*>(m.ptr), cols, &cache};
+}
+
+void model_begin_pass(NativeModel& model, const py::buffer& positions, const py::buffer& mask,
+                      const KVCache& cache) {
+  model.begin_segments({pass_segment(positions, mask, cache, "")});
+}
+
+void model_begin_segments(NativeModel& model, const py::sequence& segments) {
+  std::vector<lever::PassSegment> segs;
+  for (size_t s = 0; s < static_cast<size_t>(segments.size()); ++s) {
+    const auto t = segments[s].cast<py::tuple>();
+    if (t.size() != 3) throw py::value_error("a segment is (positions, mask, cache)");
+    segs.push_back(pass_segment(t[0].cast<py::buffer>(), t[1].cast<py::buffer>(), t[2].cast<const KVCache&>(),
+                                "segment " + std::to_string(s) + ": "));
+  }
+  model.begin_segments(segs);
+}
+
+std::vector<KVCache*> cache_list(const py::sequence& caches) {
+  std::vector<KVCache*> out;
+  for (const py::handle& c : caches) out.push_back(&c.cast<KVCache&>());
+  return out;
 }
 
 void model_layer(NativeModel& model, const py::buffer& x, const LayerLayout& layout,
@@ -214,6 +238,23 @@ void model_layer(NativeModel& model, const py::buffer& x, const LayerLayout& lay
   const size_t li = non_negative(layer_index, "layer_index");
   py::gil_scoped_release no_gil;
   model.layer(xm.data, xm.rows, layout, w.data, w.n, cache, li);
+}
+
+void model_layer_segments(NativeModel& model, const py::buffer& x, const LayerLayout& layout,
+                          const py::buffer& buffer, const py::sequence& caches, int64_t layer_index) {
+  const F32Matrix xm = f32_matrix(x, "x", true);
+  require_shape(xm, xm.rows, model.dims().hidden, "x");
+  if (xm.rows > 1 && xm.stride != xm.cols) throw py::value_error("x must be C-contiguous");
+  const Bytes w = uint8_bytes(buffer, "buffer");
+  const size_t li = non_negative(layer_index, "layer_index");
+  const std::vector<KVCache*> cs = cache_list(caches);
+  py::gil_scoped_release no_gil;
+  model.layer_segments(xm.data, xm.rows, layout, w.data, w.n, cs.data(), cs.size(), li);
+}
+
+void model_end_segments(NativeModel& model, const py::sequence& caches) {
+  const std::vector<KVCache*> cs = cache_list(caches);
+  model.end_segments(cs.data(), cs.size());
 }
 
 void model_keep_rows(NativeModel& model, const py::buffer& x, const py::buffer& keep) {
@@ -459,6 +500,20 @@ end_pass still commits all T rows. ValueError for a bad keep.)doc")
                              "Rows still running in the open pass (0 if none is open).")
       .def("end_pass", &NativeModel::end_pass, py::arg("cache"),
            "Commit the pass's T rows to the cache (length += T).")
+      .def("begin_segments", &model_begin_segments, py::arg("segments"),
+           R"doc(Start a pass of several sequences (segments): segments is a list of
+(positions int64 [T_s], mask C-contiguous bool [T_s, cache_s.length + T_s],
+cache_s), each cache a distinct KVCache. x of layer_segments holds every
+segment's rows, segment after segment; each segment attends over its own
+cache only. ValueError / RuntimeError as begin_pass, naming the segment.)doc")
+      .def("layer_segments", &model_layer_segments, py::arg("x"), py::arg("layout"), py::arg("buffer"),
+           py::arg("caches"), py::arg("layer_index"),
+           "Run one layer on the rows of every segment (x C-contiguous float32 [sum T_s, hidden], in "
+           "place); caches: the segments' caches, in begin_segments order. Releases the GIL.")
+      .def("end_segments", &model_end_segments, py::arg("caches"),
+           "Commit every segment's rows to its cache (length += T_s).")
+      .def_property_readonly("segments", &NativeModel::segments,
+                             "Segments of the open pass (0 if none is open).")
       .def("embed", &model_embed, py::arg("table"), py::arg("qtype"), py::arg("n_rows"),
            py::arg("ids"), py::arg("out"),
            "out[t] = row ids[t] of an [n_rows, hidden] table of ggml qtype bytes, as float32.")

@@ -98,36 +98,65 @@ void NativeModel::check_layout(const LayerLayout& layout, size_t buffer_nbytes) 
 
 void NativeModel::begin_pass(const int64_t* positions, size_t T, const uint8_t* mask,
                              size_t mask_cols, const KVCache& cache) {
-  if (cache.n_kv_heads() != dims_.n_kv_heads || cache.head_dim() != dims_.head_dim) {
-    throw std::invalid_argument("begin_pass: the cache has " + std::to_string(cache.n_kv_heads()) +
-                                " kv heads of " + std::to_string(cache.head_dim()) +
-                                " values; the model has " + std::to_string(dims_.n_kv_heads) +
-                                " of " + std::to_string(dims_.head_dim));
-  }
-  const size_t L = cache.length();
-  if (mask_cols != L + T) {
-    throw std::invalid_argument("begin_pass: mask has " + std::to_string(mask_cols) +
-                                " columns, expected cache.length + T = " + std::to_string(L + T));
-  }
-  cache.check_fits(L + T);
-  active_ = false;
-  T_ = T;
-  L_ = L;
-  cache_ = &cache;
-  mask_.assign(mask, mask + T * (L + T));
-  slots_.resize(T);
-  for (size_t t = 0; t < T; ++t) slots_[t] = L + t;
+  begin_segments({PassSegment{positions, T, mask, mask_cols, &cache}});
+}
 
+void NativeModel::begin_segments(const std::vector<PassSegment>& segments) {
+  if (segments.empty()) throw std::invalid_argument("begin_pass: a pass needs at least one segment");
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const PassSegment& g = segments[s];
+    const std::string where =
+        segments.size() > 1 ? "begin_pass: segment " + std::to_string(s) + ": " : "begin_pass: ";
+    const KVCache& cache = *g.cache;
+    if (cache.n_kv_heads() != dims_.n_kv_heads || cache.head_dim() != dims_.head_dim) {
+      throw std::invalid_argument(where + "the cache has " + std::to_string(cache.n_kv_heads()) +
+                                  " kv heads of " + std::to_string(cache.head_dim()) +
+                                  " values; the model has " + std::to_string(dims_.n_kv_heads) +
+                                  " of " + std::to_string(dims_.head_dim));
+    }
+    const size_t L = cache.length();
+    if (g.mask_cols != L + g.T) {
+      throw std::invalid_argument(where + "mask has " + std::to_string(g.mask_cols) +
+                                  " columns, expected cache.length + T = " + std::to_string(L + g.T));
+    }
+    for (size_t r = 0; r < s; ++r) {
+      if (segments[r].cache == g.cache) {
+        throw std::invalid_argument(where + "its cache is also segment " + std::to_string(r) +
+                                    "'s (each segment needs its own cache)");
+      }
+    }
+    cache.check_fits(L + g.T);
+  }
+  active_ = false;
+  segs_.clear();
+  size_t rows = 0, mask_bytes = 0;
+  for (const PassSegment& g : segments) {
+    const size_t L = g.cache->length();
+    segs_.push_back(Segment{g.cache, g.T, L, g.T, rows, mask_bytes});
+    rows += g.T;
+    mask_bytes += g.T * (L + g.T);
+  }
+  const size_t T = rows;
+  mask_.resize(mask_bytes);
+  slots_.resize(T);
   // Rotary tables: angle = position * inv_freq (fp32), as rope_cos_sin in torch.
   const size_t half = dims_.head_dim / 2;
   cos_.resize(T * half);
   sin_.resize(T * half);
-  for (size_t t = 0; t < T; ++t) {
-    const float p = static_cast<float>(positions[t]);
-    for (size_t i = 0; i < half; ++i) {
-      const float angle = p * inv_freq_[i];
-      cos_[t * half + i] = std::cos(angle);
-      sin_[t * half + i] = std::sin(angle);
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const PassSegment& g = segments[s];
+    const Segment& seg = segs_[s];
+    const size_t mask_n = g.T * (seg.L + g.T);
+    if (mask_n > 0) std::memcpy(mask_.data() + seg.mask0, g.mask, mask_n);
+    for (size_t t = 0; t < g.T; ++t) {
+      const size_t row = seg.row0 + t;
+      slots_[row] = seg.L + t;
+      const float p = static_cast<float>(g.positions[t]);
+      for (size_t i = 0; i < half; ++i) {
+        const float angle = p * inv_freq_[i];
+        cos_[row * half + i] = std::cos(angle);
+        sin_[row * half + i] = std::sin(angle);
+      }
     }
   }
 
@@ -143,10 +172,18 @@ void NativeModel::begin_pass(const int64_t* positions, size_t T, const uint8_t* 
   active_ = true;
 }
 
-void NativeModel::check_pass(const KVCache& cache) const {
-  if (!active_) throw std::invalid_argument("no pass open: call begin_pass first");
-  if (&cache != cache_ || cache.length() != L_) {
-    throw std::invalid_argument("the cache is not the one begin_pass was given, or it changed");
+void NativeModel::check_caches(KVCache* const* caches, size_t n_caches, const char* what) const {
+  if (!active_) throw std::invalid_argument(std::string(what) + ": no pass open: call begin_pass first");
+  if (n_caches != segs_.size()) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(n_caches) +
+                                " caches for a pass of " + std::to_string(segs_.size()) + " segments");
+  }
+  for (size_t s = 0; s < n_caches; ++s) {
+    if (caches[s] != segs_[s].cache || caches[s]->length() != segs_[s].L) {
+      throw std::invalid_argument(std::string(what) + ": the cache" +
+                                  (n_caches > 1 ? " of segment " + std::to_string(s) : std::string()) +
+                                  " is not the one begin_pass was given, or it changed");
+    }
   }
 }
 
@@ -170,37 +207,52 @@ void NativeModel::rope(float* x, size_t rows, size_t n_heads, size_t stride) con
 
 void NativeModel::layer(float* x, size_t x_rows, const LayerLayout& layout, const uint8_t* buffer,
                         size_t buffer_nbytes, KVCache& cache, size_t layer_index) {
-  check_pass(cache);
-  const size_t T = live_rows();  // rows still running (the pass's T until keep_rows)
+  KVCache* caches[1] = {&cache};
+  layer_segments(x, x_rows, layout, buffer, buffer_nbytes, caches, 1, layer_index);
+}
+
+void NativeModel::layer_segments(float* x, size_t x_rows, const LayerLayout& layout, const uint8_t* buffer,
+                                 size_t buffer_nbytes, KVCache* const* caches, size_t n_caches,
+                                 size_t layer_index) {
+  check_caches(caches, n_caches, "layer");
+  const size_t T = live_rows();  // rows still running, all segments (the pass's T until keep_rows)
   if (x_rows != T) {
     throw std::invalid_argument("x has " + std::to_string(x_rows) + " rows, the pass has " +
                                 std::to_string(T) + " live rows");
   }
-  if (layer_index >= cache.n_layers()) {
-    throw std::invalid_argument("layer index " + std::to_string(layer_index) +
-                                " is outside the cache's " + std::to_string(cache.n_layers()) +
-                                " layers");
+  for (size_t s = 0; s < n_caches; ++s) {
+    if (layer_index >= caches[s]->n_layers()) {
+      throw std::invalid_argument("layer index " + std::to_string(layer_index) +
+                                  " is outside the cache's " + std::to_string(caches[s]->n_layers()) +
+                                  " layers");
+    }
   }
   const LayerTensors w = layout.resolve(dims_, buffer, buffer_nbytes);
   const size_t H = dims_.hidden, d = dims_.head_dim;
   const size_t q_cols = dims_.n_heads * d, kv_cols = dims_.n_kv_heads * d;
   if (T == 0) return;
 
-  // Attention block.
+  // Attention block: projections over every row of every segment at once.
   rms_norm_rows(x, T, H, H, vector_f32(w.input_norm, vec_), rms_eps_, norm_.data(), H);
   project(norm_.data(), T, H, w.q, w.has_bias ? &w.q_bias : nullptr, vec_, q_.data());
   project(norm_.data(), T, H, w.k, w.has_bias ? &w.k_bias : nullptr, vec_, k_.data());
   project(norm_.data(), T, H, w.v, w.has_bias ? &w.v_bias : nullptr, vec_, v_.data());
   rope(q_.data(), T, dims_.n_heads, q_cols);
   rope(k_.data(), T, dims_.n_kv_heads, kv_cols);
-  cache.write_rows(layer_index, k_.data(), v_.data(), slots_.data(), T, kv_cols);
-
-  // T live queries over all L + T_ rows of the pass (mask_ rows have L_ + T_ columns).
-  const AttentionShape shape{dims_.n_heads, dims_.n_kv_heads, T, L_ + T_, d};
-  attention(shape, q_.data(), ElemType::kF32, /*q_head=*/d, /*q_row=*/q_cols,
-            cache.keys(layer_index), cache.values(layer_index), cache.dtype(), cache.head_stride(),
-            cache.row_stride(), mask_.data(), 1.0f / std::sqrt(static_cast<float>(d)),
-            attn_.data(), ElemType::kF32, q_cols);
+  // Per segment: its keys / values to its own cache, its live queries over
+  // the L + T rows of its own cache (mask rows of L + T columns).
+  for (size_t s = 0; s < n_caches; ++s) {
+    const Segment& g = segs_[s];
+    if (g.live == 0) continue;
+    KVCache& cache = *caches[s];
+    cache.write_rows(layer_index, k_.data() + g.row0 * kv_cols, v_.data() + g.row0 * kv_cols,
+                     slots_.data() + g.row0, g.live, kv_cols);
+    const AttentionShape shape{dims_.n_heads, dims_.n_kv_heads, g.live, g.L + g.T, d};
+    attention(shape, q_.data() + g.row0 * q_cols, ElemType::kF32, /*q_head=*/d, /*q_row=*/q_cols,
+              cache.keys(layer_index), cache.values(layer_index), cache.dtype(), cache.head_stride(),
+              cache.row_stride(), mask_.data() + g.mask0, 1.0f / std::sqrt(static_cast<float>(d)),
+              attn_.data() + g.row0 * q_cols, ElemType::kF32, q_cols);
+  }
   project(attn_.data(), T, q_cols, w.o, nullptr, vec_, proj_.data());
   for (size_t i = 0; i < T * H; ++i) x[i] += proj_[i];
 
@@ -220,6 +272,10 @@ void NativeModel::layer(float* x, size_t x_rows, const LayerLayout& layout, cons
 
 void NativeModel::keep_rows(float* x, size_t x_rows, const int64_t* keep, size_t n) {
   if (!active_) throw std::invalid_argument("keep_rows: no pass open: call begin_pass first");
+  if (segs_.size() != 1) {
+    throw std::invalid_argument("keep_rows: a pass of " + std::to_string(segs_.size()) +
+                                " segments cannot drop rows (early exit runs one sequence per pass)");
+  }
   const size_t live = live_rows();
   if (x_rows != live) {
     throw std::invalid_argument("keep_rows: x has " + std::to_string(x_rows) +
@@ -241,7 +297,7 @@ void NativeModel::keep_rows(float* x, size_t x_rows, const int64_t* keep, size_t
   }
   // keep[i] >= i, so moving rows to the front in order never overwrites a
   // row before it is read.
-  const size_t H = dims_.hidden, half = dims_.head_dim / 2, cols = L_ + T_;
+  const size_t H = dims_.hidden, half = dims_.head_dim / 2, cols = segs_[0].L + segs_[0].T;
   for (size_t i = 0; i < n; ++i) {
     const auto src = static_cast<size_t>(keep[i]);
     if (src == i) continue;
@@ -255,13 +311,19 @@ void NativeModel::keep_rows(float* x, size_t x_rows, const int64_t* keep, size_t
   sin_.resize(n * half);
   mask_.resize(n * cols);
   slots_.resize(n);
+  segs_[0].live = n;
 }
 
 void NativeModel::end_pass(KVCache& cache) {
-  check_pass(cache);
-  cache.advance(T_);
+  KVCache* caches[1] = {&cache};
+  end_segments(caches, 1);
+}
+
+void NativeModel::end_segments(KVCache* const* caches, size_t n_caches) {
+  check_caches(caches, n_caches, "end_pass");
+  for (size_t s = 0; s < n_caches; ++s) caches[s]->advance(segs_[s].T);
   active_ = false;
-  cache_ = nullptr;
+  segs_.clear();
 }
 
 }  // namespace lever

@@ -28,12 +28,12 @@ class LeverArgumentParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .commands import bench, compile_npu, convert, generate, models, probe, profile, serve_verifier
+    from .commands import bench, compile_npu, convert, generate, models, probe, profile, serve, serve_verifier
 
     parser = LeverArgumentParser(prog="lever", description="Speculative LLM inference with a flash-resident target.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")   # subparsers are LeverArgumentParsers too
     sub.required = True
-    for command in (generate, convert, models, bench, profile, probe, serve_verifier, compile_npu):
+    for command in (generate, convert, models, bench, profile, probe, serve, serve_verifier, compile_npu):
         command.add_parser(sub)
     return parser
 

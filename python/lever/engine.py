@@ -206,8 +206,10 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
     """The speculative loop over any verifier: a `TargetVerifier` (the target in
     this process) or a `lever.remote.client.RemoteVerifier` (a verifier server).
     `verifier.start(prompt_ids)` prefills; `verifier.verify(tree, draft_probs)`
-    returns a `Verdict` and commits it.  A LeverError raised mid-run carries
-    what was generated so far in its `partial_result` attribute."""
+    returns a `Verdict` and commits it.  A LeverError raised mid-run (by
+    `on_token` too: how `lever serve` stops a cancelled run) carries what was
+    generated so far in its `partial_result` attribute and the run's counters
+    in `partial_stats`."""
     if spec.mode != "ar" and drafter is None:
         raise LeverError(f"mode {spec.mode} needs a drafter (--draft)")
     check_context(len(prompt_ids), max_new_tokens, verifier.max_context, *tree_room(verifier, spec))
@@ -267,7 +269,7 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
             root = next_token
         result.decode_s = time.perf_counter() - t_decode
     except LeverError as e:
-        e.partial_result = result
+        e.partial_result, e.partial_stats = result, stats
         raise
     finally:
         if ahead:

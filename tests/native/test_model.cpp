@@ -530,3 +530,176 @@ TEST(kv_cache_write_rows_at_slots) {
   }
   CHECK(overflow);
 }
+
+// ---------------------------------------------------------------------------
+// Segments: several sequences (their own caches, masks and positions) in one
+// pass (NativeModel::begin_segments), as a batching verifier server runs the
+// trees of several sessions. Every row, and every cache row each segment
+// writes, must have the bits of the same segment's pass run alone.
+
+namespace {
+
+struct SegmentCase {
+  std::vector<float> prefix_x;  // [prefix, hidden], committed causally first
+  std::vector<float> x;         // [T, hidden], the pass's rows
+  std::vector<int64_t> pos;     // [T]
+  std::vector<uint8_t> mask;    // [T, prefix + T]
+  size_t prefix;
+};
+
+// `prefix` committed rows, then T rows: a tree of parents `parent` (-1: the root).
+SegmentCase make_segment(lever_test::Rng& rng, size_t prefix, const std::vector<int>& parent) {
+  SegmentCase c;
+  const size_t n = parent.size();
+  c.prefix = prefix;
+  c.prefix_x = random_rows(rng, prefix);
+  c.x = random_rows(rng, n);
+  std::vector<int> depth(n, 0);
+  for (size_t i = 1; i < n; ++i) depth[i] = depth[parent[i]] + 1;
+  c.pos.resize(n);
+  c.mask.assign(n * (prefix + n), 0);
+  for (size_t i = 0; i < n; ++i) {
+    c.pos[i] = static_cast<int64_t>(prefix) + depth[i];
+    for (size_t col = 0; col < prefix; ++col) c.mask[i * (prefix + n) + col] = 1;
+    for (int a = static_cast<int>(i); a >= 0; a = parent[a]) c.mask[i * (prefix + n) + prefix + a] = 1;
+  }
+  return c;
+}
+
+// Runs every layer of `layers` over the pass begun on `model` (x in place).
+void run_layers(NativeModel& model, const std::vector<TinyLayer>& layers, std::vector<float>& x,
+                std::vector<KVCache*> caches) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerLayout layout(layers[i].entries);
+    model.layer_segments(x.data(), x.size() / kDims.hidden, layout, layers[i].buffer.data(),
+                         layers[i].buffer.size(), caches.data(), caches.size(), i);
+  }
+}
+
+// A cache holding c's prefix, run causally through every layer.
+void fill_segment_prefix(NativeModel& model, const std::vector<TinyLayer>& layers, const SegmentCase& c,
+                         KVCache& cache) {
+  std::vector<float> x = c.prefix_x;
+  std::vector<int64_t> pos(c.prefix);
+  for (size_t i = 0; i < c.prefix; ++i) pos[i] = static_cast<int64_t>(i);
+  std::vector<uint8_t> mask = causal_mask(0, c.prefix);
+  model.begin_pass(pos.data(), c.prefix, mask.data(), c.prefix, cache);
+  run_layers(model, layers, x, {&cache});
+  model.end_pass(cache);
+}
+
+void check_segments_bitwise(int matrix_type, ElemType cache_type) {
+  const size_t H = kDims.hidden, n_layers = 2;
+  std::vector<TinyLayer> layers;
+  for (size_t i = 0; i < n_layers; ++i) layers.push_back(make_layer(matrix_type, 60 + i));
+  lever_test::Rng rng(123);
+  // A tree after 3 rows, a chain of 3 after 5 rows, one row after 1 row.
+  std::vector<SegmentCase> cases = {make_segment(rng, 3, {-1, 0, 0, 1, 2, 3}),
+                                    make_segment(rng, 5, {-1, 0, 1}), make_segment(rng, 1, {-1})};
+  NativeModel model(kDims, kEps, kTheta);
+  auto new_cache = [&] { return KVCache(n_layers, kDims.n_kv_heads, kDims.head_dim, 16, cache_type); };
+
+  // Alone: one pass per segment.
+  std::vector<KVCache> solo;
+  std::vector<std::vector<float>> solo_x;
+  for (const SegmentCase& c : cases) {
+    solo.push_back(new_cache());
+    fill_segment_prefix(model, layers, c, solo.back());
+    std::vector<float> x = c.x;
+    model.begin_pass(c.pos.data(), c.pos.size(), c.mask.data(), c.prefix + c.pos.size(), solo.back());
+    run_layers(model, layers, x, {&solo.back()});
+    model.end_pass(solo.back());
+    solo_x.push_back(x);
+  }
+
+  // Together: one pass of three segments.
+  std::vector<KVCache> batch;
+  std::vector<lever::PassSegment> segs;
+  std::vector<float> x;
+  for (const SegmentCase& c : cases) {
+    batch.push_back(new_cache());
+    fill_segment_prefix(model, layers, c, batch.back());
+    x.insert(x.end(), c.x.begin(), c.x.end());
+  }
+  std::vector<KVCache*> ptrs;
+  for (size_t s = 0; s < cases.size(); ++s) {
+    const SegmentCase& c = cases[s];
+    segs.push_back({c.pos.data(), c.pos.size(), c.mask.data(), c.prefix + c.pos.size(), &batch[s]});
+    ptrs.push_back(&batch[s]);
+  }
+  model.begin_segments(segs);
+  CHECK_EQ(model.segments(), cases.size());
+  run_layers(model, layers, x, ptrs);
+  model.end_segments(ptrs.data(), ptrs.size());
+
+  size_t row = 0;
+  for (size_t s = 0; s < cases.size(); ++s) {
+    const size_t T = cases[s].pos.size();
+    long diff = lever_test::first_bit_difference(x.data() + row * H, solo_x[s].data(), T * H);
+    CHECK_MSG(diff < 0, "type " << type_name(matrix_type) << " segment " << s << " output element " << diff);
+    row += T;
+    CHECK_EQ(batch[s].length(), solo[s].length());
+    const size_t n = batch[s].n_kv_heads() * batch[s].length() * batch[s].head_dim();
+    for (size_t layer = 0; layer < n_layers; ++layer) {
+      std::vector<float> kb(n), vb(n), ks(n), vs(n);
+      batch[s].read_rows(layer, kb.data(), vb.data());
+      solo[s].read_rows(layer, ks.data(), vs.data());
+      CHECK_MSG(lever_test::first_bit_difference(kb.data(), ks.data(), n) < 0,
+                "segment " << s << " layer " << layer << ": keys differ");
+      CHECK_MSG(lever_test::first_bit_difference(vb.data(), vs.data(), n) < 0,
+                "segment " << s << " layer " << layer << ": values differ");
+    }
+  }
+}
+
+}  // namespace
+
+TEST(model_segments_equal_solo_passes_q8_0) {
+  for (Isa isa : kAllIsas) {
+    if (!isa_available(isa)) continue;
+    NOTE("isa " << isa_name(isa));
+    set_default_isa(isa);
+    check_segments_bitwise(kTypeQ8_0, ElemType::kF32);
+    check_segments_bitwise(kTypeQ8_0, ElemType::kBF16);
+  }
+  set_default_isa(Isa::kAuto);
+}
+
+TEST(model_segments_equal_solo_passes_f32) { check_segments_bitwise(kTypeF32, ElemType::kF32); }
+
+TEST(model_segments_bad_input_throws) {
+  NativeModel model(kDims, kEps, kTheta);
+  KVCache a(1, kDims.n_kv_heads, kDims.head_dim, 8, ElemType::kF32);
+  KVCache b(1, kDims.n_kv_heads, kDims.head_dim, 8, ElemType::kF32);
+  std::vector<int64_t> pos = {0, 1};
+  std::vector<uint8_t> mask = causal_mask(0, 2);
+  // No segment; the same cache twice; a mask of the wrong width.
+  CHECK(throws_invalid([&] { model.begin_segments({}); }));
+  CHECK(throws_invalid([&] {
+    model.begin_segments({{pos.data(), 2, mask.data(), 2, &a}, {pos.data(), 2, mask.data(), 2, &a}});
+  }));
+  CHECK(throws_invalid([&] {
+    model.begin_segments({{pos.data(), 2, mask.data(), 2, &a}, {pos.data(), 2, mask.data(), 3, &b}});
+  }));
+  CHECK_EQ(model.segments(), 0u);
+  model.begin_segments({{pos.data(), 2, mask.data(), 2, &a}, {pos.data(), 2, mask.data(), 2, &b}});
+  std::vector<float> x(4 * kDims.hidden, 0.5f);
+  TinyLayer layer = make_layer(kTypeF32, 5);
+  LayerLayout layout(layer.entries);
+  KVCache* one[1] = {&a};
+  KVCache* swapped[2] = {&b, &a};
+  // Caches that are not the pass's (too few, another order); early exit over two segments.
+  CHECK(throws_invalid([&] {
+    model.layer_segments(x.data(), 4, layout, layer.buffer.data(), layer.buffer.size(), one, 1, 0);
+  }));
+  CHECK(throws_invalid([&] {
+    model.layer_segments(x.data(), 4, layout, layer.buffer.data(), layer.buffer.size(), swapped, 2, 0);
+  }));
+  CHECK(throws_invalid([&] { model.layer(x.data(), 4, layout, layer.buffer.data(), layer.buffer.size(), a, 0); }));
+  const std::vector<int64_t> keep = {0, 1};
+  CHECK(throws_invalid([&] { model.keep_rows(x.data(), 4, keep.data(), keep.size()); }));
+  KVCache* both[2] = {&a, &b};
+  model.end_segments(both, 2);
+  CHECK_EQ(a.length(), 2u);
+  CHECK_EQ(b.length(), 2u);
+}

@@ -9,9 +9,8 @@ import sys
 from ..api import DEFAULT_MODEL, load
 from ..errors import LeverError
 from . import arg_types
-from .limits import (MAX_CALL_COST_MS, MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_RETRY_DEADLINE_S, MAX_TREE_DEPTH,
-                     MAX_TREE_NODES, MAX_TREE_TOPK)
-from .options import add_backend_options, add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options
+from .limits import MAX_CALL_COST_MS, MAX_NEW_TOKENS, MAX_RETRY_DEADLINE_S
+from .options import add_backend_options, add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options, add_spec_options
 from ..memory.run_plan import memory_report
 from .memory_limit import plan_memory, print_memory_line
 from .prompt_input import add_prompt_options, read_prompt
@@ -40,28 +39,10 @@ def add_parser(subparsers) -> None:
                        help="stream the target from this store (see `lever convert`) instead of --model")
     add_dram_budget(flash, "the target")
     spec = p.add_argument_group("speculative decoding")
-    spec.add_argument("--draft", type=arg_types.name, default=None, metavar="NAME",
-                      help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)")
-    spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree", "lever"],
-                      help="ar: target alone; chain: k drafted tokens; tree: a static token "
+    add_spec_options(spec, "ar: target alone; chain: k drafted tokens; tree: a static token "
                            "tree; lever: a tree sized per iteration by expected tokens per second from this "
                            "device's profile (default: lever with a draft model and --target-store, tree with "
                            "another --draft, else ar)")
-    spec.add_argument("--draft-len", type=arg_types.integer(1, MAX_DRAFT_LEN), default=4, metavar="K",
-                      help=f"chain length, 1..{MAX_DRAFT_LEN} (default 4)")
-    spec.add_argument("--tree-budget", type=arg_types.integer(1, MAX_TREE_NODES), default=32, metavar="N",
-                      help=f"draft nodes per tree, 1..{MAX_TREE_NODES} (default 32)")
-    spec.add_argument("--tree-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
-                      help=f"children per node, 1..{MAX_TREE_TOPK} (default 4)")
-    spec.add_argument("--tree-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=8, metavar="D",
-                      help=f"tree levels, 1..{MAX_TREE_DEPTH} (default 8)")
-    spec.add_argument("--lever-max-nodes", type=arg_types.integer(1, MAX_TREE_NODES), default=255, metavar="N",
-                      help=f"mode lever: draft nodes per tree at most, 1..{MAX_TREE_NODES} (default 255)")
-    spec.add_argument("--lever-max-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=12, metavar="D",
-                      help=f"mode lever: deepest draft node, 1..{MAX_TREE_DEPTH} (default 12)")
-    spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
-                      help=f"mode lever: children the draft offers per expanded node, 1..{MAX_TREE_TOPK} "
-                           f"(default 4)")
     ahead = spec.add_mutually_exclusive_group()
     ahead.add_argument("--draft-ahead", action="store_true",
                        help="while the target verifies a tree, a draft model extends it along its own most "
@@ -80,6 +61,14 @@ def add_parser(subparsers) -> None:
     remote.add_argument("--remote", type=arg_types.name, default=None, metavar="URL",
                         help="verify on the server at URL (http://HOST:PORT or https://HOST:PORT); --draft drafts and tokenizes here "
                              "(default mode lever; --mode ar is target-only remote decoding)")
+    remote.add_argument("--remote-engine", choices=("lever", "vllm"), default="lever",
+                        help="what serves --remote: lever (`lever serve-verifier`, default) or vllm (an unmodified "
+                             "vLLM OpenAI-compatible server; greedy, or --temperature 1 with top-p 1 and top-k 0)")
+    remote.add_argument("--remote-model", type=arg_types.name, default=None, metavar="NAME",
+                        help="--remote-engine vllm: the served model's name (default: the only one it serves)")
+    remote.add_argument("--vllm-branches", type=arg_types.integer(1, 16), default=1, metavar="N",
+                        help="--remote-engine vllm, greedy: send the tree's N best paths as N prompts of one "
+                             "request (default 1: its best path)")
     remote.add_argument("--token-file", type=arg_types.name, default=None, metavar="F",
                         help="file holding the server's bearer token")
     remote.add_argument("--tls-ca", type=arg_types.name, default=None, metavar="PEM",
@@ -110,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     if args.remote:
         return run_remote(args, prompt)
+    if args.remote_engine != "lever" or args.remote_model or args.vllm_branches != 1:
+        raise LeverError("--remote-engine, --remote-model and --vllm-branches need --remote URL")
     mode = args.mode or default_mode(args.draft, args.target_store)
     check_mode(mode, args.draft)
     if args.npu_profile and mode != "lever":
@@ -241,7 +232,8 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
                           mode=mode, draft_len=args.draft_len, tree=shape, max_nodes=args.lever_max_nodes,
                           max_depth=args.lever_max_depth, topk=args.lever_topk, retry_deadline_s=args.retry_deadline,
                           call_cost_s=args.call_cost_ms / 1e3, cache_dir=args.cache_dir, tls_ca=args.tls_ca,
-                          timeout_s=args.timeout, draft_ahead=args.draft_ahead)
+                          timeout_s=args.timeout, draft_ahead=args.draft_ahead, engine=args.remote_engine,
+                          remote_model=args.remote_model, branches=args.vllm_branches)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -264,7 +256,8 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
         raise
     if args.json:
         out = completion.to_json()
-        out.update(model=f"{args.remote} ({target.info.get('model')})", mode=mode, draft=args.draft)
+        out.update(model=f"{args.remote} ({target.info.get('model')})", mode=mode, draft=args.draft,
+                   remote_engine=args.remote_engine)
         print(json.dumps(out))
     else:
         sys.stdout.write("\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
 from . import arg_types
-from .limits import MAX_PREFETCH_DEPTH, MIN_READ_RATE
+from .limits import MAX_DRAFT_LEN, MAX_PREFETCH_DEPTH, MAX_TREE_DEPTH, MAX_TREE_NODES, MAX_TREE_TOPK, MIN_READ_RATE
 
 
 def add_target_choice(p) -> None:
@@ -97,3 +97,27 @@ def add_backend_options(p, *, backend: bool = True, npu_profile: bool = True) ->
         g.add_argument("--npu-profile", type=arg_types.name, default=None, metavar="FILE",
                        help="measured per-bucket layer times of a real device (JSON, schema lever-npu-profile/1, "
                             "see the README): mode lever sizes trees by them instead of a profile measured here")
+
+
+def add_spec_options(spec, mode_help: str) -> None:
+    """The draft and tree-shape options of a decoding command (`generate`, `serve`):
+    --draft, --mode (described by `mode_help`), --draft-len, --tree-budget/-topk/-depth
+    and --lever-max-nodes/-max-depth/-topk, on the argument group `spec`."""
+    spec.add_argument("--draft", type=arg_types.name, default=None, metavar="NAME",
+                      help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)")
+    spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree", "lever"], help=mode_help)
+    spec.add_argument("--draft-len", type=arg_types.integer(1, MAX_DRAFT_LEN), default=4, metavar="K",
+                      help=f"chain length, 1..{MAX_DRAFT_LEN} (default 4)")
+    spec.add_argument("--tree-budget", type=arg_types.integer(1, MAX_TREE_NODES), default=32, metavar="N",
+                      help=f"draft nodes per tree, 1..{MAX_TREE_NODES} (default 32)")
+    spec.add_argument("--tree-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
+                      help=f"children per node, 1..{MAX_TREE_TOPK} (default 4)")
+    spec.add_argument("--tree-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=8, metavar="D",
+                      help=f"tree levels, 1..{MAX_TREE_DEPTH} (default 8)")
+    spec.add_argument("--lever-max-nodes", type=arg_types.integer(1, MAX_TREE_NODES), default=255, metavar="N",
+                      help=f"mode lever: draft nodes per tree at most, 1..{MAX_TREE_NODES} (default 255)")
+    spec.add_argument("--lever-max-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=12, metavar="D",
+                      help=f"mode lever: deepest draft node, 1..{MAX_TREE_DEPTH} (default 12)")
+    spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
+                      help=f"mode lever: children the draft offers per expanded node, 1..{MAX_TREE_TOPK} "
+                           f"(default 4)")

@@ -57,6 +57,12 @@ def add_parser(subparsers) -> None:
                    help="open connections at most; more get a 503 (default 256)")
     p.add_argument("--max-connections-per-ip", type=int, default=64, metavar="N",
                    help="open connections at most from one address (default 64)")
+    p.add_argument("--batch-window-ms", type=float, default=5.0, metavar="MS",
+                   help="verify the rounds of different sessions that arrive within this many milliseconds (and "
+                        "while a pass runs) in one target pass, each exactly as alone; 0 = one round per pass "
+                        "(default 5)")
+    p.add_argument("--max-batch-trees", type=int, default=8, metavar="N",
+                   help="session rounds per batched target pass at most (default 8)")
     add_dram_budget(p, "a flash-store target")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
     p.add_argument("--kernels", default="native", choices=["native", "torch"])
@@ -140,6 +146,13 @@ def measure_verify_cost(model, max_nodes: int, say) -> dict:
     return {"n": grid, "s": [round(s, 6) for s in seconds]}
 
 
+def batch_words(server) -> str:
+    """'batching rounds within 5 ms, up to 8 per pass' or 'one round per pass'."""
+    if server.batcher is None:
+        return "one round per pass"
+    return f"batching rounds within {server.batch_window_s * 1e3:g} ms, up to {server.max_batch_trees} per pass"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import aiohttp  # noqa: F401
@@ -159,6 +172,12 @@ def run(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise LeverError("--tls-cert and --tls-key go together: pass both or neither")
     tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    if not args.batch_window_ms >= 0:
+        raise LeverError(f"--batch-window-ms must be >= 0, got {args.batch_window_ms}")
+    if args.max_batch_trees < 1:
+        raise LeverError(f"--max-batch-trees must be >= 1, got {args.max_batch_trees}")
+    if args.batch_window_ms > 0 and args.kernels == "torch":
+        raise LeverError("--kernels torch cannot verify several sessions in one pass: pass --batch-window-ms 0")
     try:
         limits = Limits(max_sessions=args.max_sessions, max_session_tokens=args.max_session_tokens,
                         max_tree_nodes=args.max_tree_nodes, idle_ttl_s=args.idle_ttl,
@@ -175,14 +194,20 @@ def run(args: argparse.Namespace) -> int:
     if memory is not None:
         say(f"memory limit {memory.limit_bytes / 1e6:,.0f} MB: target budget {memory.store_budget_bytes / 1e6:,.0f} "
             f"MB, {args.max_sessions} sessions of {args.max_session_tokens} tokens planned")
+    from ..remote.batcher import batching_unsupported
+    reason = batching_unsupported(loaded.model) if args.batch_window_ms > 0 else None
+    if reason is not None:
+        raise LeverError(f"cannot batch verification: {reason}; pass --batch-window-ms 0")
     verify_cost = measure_verify_cost(loaded.model, limits.max_tree_nodes, say)
     server = VerifierServer(loaded.model, name, limits, token=token, verify_cost=verify_cost,
-                            tokenizer=loaded.tokenizer.fingerprint(), log=say)
+                            tokenizer=loaded.tokenizer.fingerprint(), log=say,
+                            batch_window_s=args.batch_window_ms / 1e3, max_batch_trees=args.max_batch_trees)
 
     def ready(port: int) -> None:
         say(f"serving {name} on {'https' if tls else 'http'}://{args.host}:{port} (protocol v1, "
             f"{'bearer token' if token else 'no authentication, loopback only'}; up to {limits.max_sessions} "
-            f"sessions of {server.session_capacity} tokens, trees of {limits.max_tree_nodes} nodes)")
+            f"sessions of {server.session_capacity} tokens, trees of {limits.max_tree_nodes} nodes; "
+            f"{batch_words(server)})")
 
     try:
         serve_forever(server, args.host, args.port, on_ready=ready, ssl_context=tls)

@@ -28,6 +28,9 @@ native CPU core, the default) or a static-shape backend's
 set with `NativeDecoder.run_layers_on`.  A runner has `new_cache(capacity)`,
 `begin(tokens, positions, mask, cache)`, `run(i, x, layout, buffer, cache)
 -> x`, `end(cache)`, and `keep(x, rows) -> x` if it can prune rows mid-pass.
+A runner that can run several sequences in one pass (`NativeLayers`) also has
+`begin_segments(segments)`, `run_segments(i, x, layout, buffer, caches) -> x`
+and `end_segments(caches)` (see `NativeDecoder.forward_batch`).
 """
 
 from __future__ import annotations
@@ -95,6 +98,77 @@ class NativeLayers:
 
     def end(self, cache) -> None:
         self.native.end_pass(cache)
+
+    def begin_segments(self, segments) -> None:
+        """segments: [(positions, mask, cache)], one per sequence of the pass."""
+        self.native.begin_segments(segments)
+
+    def run_segments(self, i: int, x: np.ndarray, layout, buffer, caches) -> np.ndarray:
+        self.native.layer_segments(x, layout, buffer, caches, i)
+        return x
+
+    def end_segments(self, caches) -> None:
+        self.native.end_segments(caches)
+
+
+@dataclass
+class Segment:
+    """One sequence of a batched pass (`NativeDecoder.forward_batch`): its T new
+    tokens and positions (int64 [T]), its mask (bool [T, cache.length + T],
+    as `forward`'s) and its own KV cache."""
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    mask: np.ndarray
+    cache: object
+
+
+class SoloPass:
+    """A pass over one cache, as the layer loop drives it (runner.begin/run/end)."""
+
+    def __init__(self, runner, tokens, positions, mask, cache):
+        self.runner, self.tokens, self.positions, self.mask, self.cache = runner, tokens, positions, mask, cache
+
+    def begin(self) -> None:
+        self.runner.begin(self.tokens, self.positions, self.mask, self.cache)
+
+    def run(self, i: int, x: np.ndarray, layout, buffer) -> np.ndarray:
+        return self.runner.run(i, x, layout, buffer, self.cache)
+
+    def end(self) -> None:
+        self.runner.end(self.cache)
+
+
+class SegmentsPass:
+    """A pass over several caches at once (runner.begin_segments/run_segments/end_segments)."""
+
+    def __init__(self, runner, segments: list[Segment]):
+        self.runner = runner
+        self.inputs = [(s.positions, s.mask, s.cache) for s in segments]
+        self.caches = [s.cache for s in segments]
+
+    def begin(self) -> None:
+        self.runner.begin_segments(self.inputs)
+
+    def run(self, i: int, x: np.ndarray, layout, buffer) -> np.ndarray:
+        return self.runner.run_segments(i, x, layout, buffer, self.caches)
+
+    def end(self) -> None:
+        self.runner.end_segments(self.caches)
+
+
+def checked_segment(tokens, positions, mask, cache) -> "Segment":
+    """The inputs of one sequence's pass as contiguous arrays (int64 tokens and
+    positions [T], bool mask [T, cache.length + T]); ValueError for a bad shape."""
+    tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
+    positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+    mask = np.ascontiguousarray(mask, dtype=bool)
+    t = tokens.shape[0]
+    if positions.shape != (t,):
+        raise ValueError(f"positions has shape {positions.shape}, expected ({t},)")
+    if mask.shape != (t, cache.length + t):
+        raise ValueError(f"mask has shape {mask.shape}, expected ({t}, {cache.length + t})")
+    return Segment(tokens, positions, mask, cache)
 
 
 def native_model(cfg: ModelConfig) -> "_native.NativeModel":
@@ -186,24 +260,16 @@ class NativeDecoder:
         order).  A pruned row's cache rows in layers i+1.. are never written:
         it must not be committed.  logits_rows must be None with a hook.
         """
-        if head not in HEADS:
-            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
-        n_top = check_topk(topk, self.config.vocab_size) if head == "topk" else 0
-        tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
-        positions = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
-        mask = np.ascontiguousarray(mask, dtype=bool)
-        t = tokens.shape[0]
-        if positions.shape != (t,):
-            raise ValueError(f"positions has shape {positions.shape}, expected ({t},)")
-        if mask.shape != (t, cache.length + t):
-            raise ValueError(f"mask has shape {mask.shape}, expected ({t}, {cache.length + t})")
+        n_top = self._check_head(head, topk)
+        seg = checked_segment(tokens, positions, mask, cache)
+        tokens, t = seg.tokens, seg.tokens.shape[0]
         if layer_hook is not None and logits_rows is not None:
             raise ValueError("logits_rows must be None when a layer_hook may prune rows")
         if layer_hook is not None and not hasattr(self.layers, "keep"):
             raise LeverError(f"the {self.layers.backend} backend cannot prune rows mid-pass (run without probes)")
         with self._pass_lock:                      # see __init__: one pass at a time per model
             cache.reserve(cache.length + t)        # grows by doubling when short of rows
-            x = self._layers(tokens, positions, mask, cache, layer_hook)
+            x = self._layers(tokens, SoloPass(self.layers, tokens, seg.positions, seg.mask, cache), layer_hook)
             if logits_rows is not None:
                 x = x[np.asarray(logits_rows, dtype=np.int64)]
             out = self._head(np.ascontiguousarray(x), head, n_top)
@@ -211,25 +277,78 @@ class NativeDecoder:
             self.stats.tokens += t
         return out
 
-    def _layers(self, tokens, positions, mask, cache, layer_hook=None) -> np.ndarray:
-        """Embedding and decoder layers: the final hidden states, float32 [T_live, hidden]
-        (T_live = T unless `layer_hook` pruned rows; see `forward`)."""
+    def forward_batch(self, segments, head="logits", topk: int | None = None) -> list:
+        """Run several sequences' new tokens through the model in ONE pass,
+        appending (and committing) each one's keys/values to its own cache.
+
+        segments: `Segment`s (or (tokens, positions, mask, cache) tuples), each
+        as `forward`'s arguments, each with a cache of its own.  head: one of
+        HEADS for every segment, or a list of one per segment (greedy and
+        sampled sequences in one pass).  Returns one output per segment, each
+        exactly (bitwise) what `forward(tokens, positions, mask, cache,
+        head=..., topk=topk)` returns for it alone: the embedding, norms,
+        projections, MLP and head run over the rows of every segment together
+        (the weights are read once per pass), and each segment's rows attend
+        over its own cache and its own rows only.  Needs a layer runner that
+        runs segments (the native core); a static-shape backend raises LeverError."""
+        segs = [s if isinstance(s, Segment) else Segment(*s) for s in segments]
+        if not segs:
+            raise ValueError("forward_batch needs at least one segment")
+        heads = [head] * len(segs) if isinstance(head, str) else list(head)
+        if len(heads) != len(segs):
+            raise ValueError(f"{len(heads)} heads for {len(segs)} segments")
+        n_top = max(self._check_head(h, topk) for h in heads)
+        if not hasattr(self.layers, "begin_segments"):
+            raise LeverError(f"the {self.layers.backend} backend cannot run several sequences in one pass")
+        segs = [checked_segment(s.tokens, s.positions, s.mask, s.cache) for s in segs]
+        if len({id(s.cache) for s in segs}) != len(segs):
+            raise ValueError("every segment of a batched pass needs a cache of its own")
+        tokens = np.concatenate([s.tokens for s in segs])
+        ends = np.cumsum([s.tokens.shape[0] for s in segs])
+        rows = [np.arange(a, b) for a, b in zip(np.concatenate([[0], ends[:-1]]), ends)]
+        outs: list = [None] * len(segs)
+        with self._pass_lock:                      # see __init__: one pass at a time per model
+            for s in segs:
+                s.cache.reserve(s.cache.length + s.tokens.shape[0])
+            x = self._layers(tokens, SegmentsPass(self.layers, segs))
+            for h in dict.fromkeys(heads):         # one head call per kind of head, in first-use order
+                idx = [i for i, hi in enumerate(heads) if hi == h]
+                out = self._head(np.ascontiguousarray(x[np.concatenate([rows[i] for i in idx])]), h, n_top)
+                at = 0
+                for i in idx:
+                    n = len(rows[i])
+                    outs[i] = (out[0][at:at + n], out[1][at:at + n]) if h == "topk" else out[at:at + n]
+                    at += n
+            self.stats.passes += 1
+            self.stats.tokens += tokens.shape[0]
+        return outs
+
+    def _check_head(self, head: str, topk: int | None) -> int:
+        """Tokens per row of head "topk" (0 for the other heads); ValueError for a bad head."""
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
+        return check_topk(topk, self.config.vocab_size) if head == "topk" else 0
+
+    def _layers(self, tokens, run, layer_hook=None) -> np.ndarray:
+        """Embedding and decoder layers over `run` (a SoloPass or SegmentsPass): the
+        final hidden states, float32 [T_live, hidden] (T_live = T unless
+        `layer_hook` pruned rows; see `forward`)."""
         x = np.empty((tokens.shape[0], self.config.hidden_size), dtype=np.float32)
         t0 = time.perf_counter()
         self.weights.embed(self.native, tokens, x)
-        self.layers.begin(tokens, positions, mask, cache)
+        run.begin()
         self._lap("embed", time.perf_counter() - t0)
         for i, layout in enumerate(self.weights.layouts):
             buffer, release = self.weights.layer(i)
             try:
                 t0 = time.perf_counter()
-                x = self.layers.run(i, x, layout, buffer, cache)
+                x = run.run(i, x, layout, buffer)
                 self._lap(f"layer.{i}", time.perf_counter() - t0)
             finally:
                 release()
             if layer_hook is not None:
                 x = self._keep(x, layer_hook(i, x))
-        self.layers.end(cache)
+        run.end()
         return x
 
     def _keep(self, x: np.ndarray, keep) -> np.ndarray:

@@ -107,24 +107,17 @@ class RemoteVerifier:
     def __init__(self, url: str, params: SamplingParams = SamplingParams(), token: str | None = None,
                  timeout_s: float = 120.0, retry_deadline_s: float = 30.0, backoff_s: float = 0.05,
                  max_backoff_s: float = 2.0, cost=None, tls_ca: str | None = None):
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise LeverError(f"--remote {url!r}: expected http://HOST:PORT or https://HOST:PORT")
-        if tls_ca is not None and parsed.scheme != "https":
-            raise LeverError(f"--tls-ca {tls_ca}: the verifier URL {url} is not https://")
         self.url = url
-        self._https = parsed.scheme == "https"
-        self._tls = client_context(tls_ca) if self._https else None
-        self._host, self._port = parsed.hostname, parsed.port or (443 if self._https else 80)
         self.params, self.token = params, token
         self.timeout_s, self.retry_deadline_s = timeout_s, retry_deadline_s
-        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.seed = resolve_seed(params)
-        self._conn: http.client.HTTPConnection | None = None
         self.session: str | None = None
         self.round = 0
         self.committed: list[int] = []
         self.stats = ClientStats()
+        self.http = JsonHttp(url, self.stats, token=token, timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
+                             backoff_s=backoff_s, max_backoff_s=max_backoff_s, tls_ca=tls_ca,
+                             envelope={"v": VERSION})
         self.cost = cost
         self.info = self._request("GET", "/v1/info")
 
@@ -220,10 +213,7 @@ class RemoteVerifier:
         """Close the session on the server (best effort: it expires anyway)."""
         sid, self.session = self.session, None
         if sid is not None:
-            try:
-                self._exchange("DELETE", f"/v1/sessions/{sid}", None, min(self.timeout_s, CLOSE_TIMEOUT_S))
-            except (OSError, http.client.HTTPException):
-                self._drop_connection()
+            self.http.close_quietly("DELETE", f"/v1/sessions/{sid}")
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -260,9 +250,44 @@ class RemoteVerifier:
             node = j
         return accepted, next_token
 
-    # -- HTTP with retries -----------------------------------------------------------------
-
     def _request(self, method: str, path: str, body: dict | None = None, budget: RetryBudget | None = None) -> dict:
+        return self.http.request(method, path, body, budget)
+
+
+class JsonHttp:
+    """JSON over HTTP(S) to one server, with the retries, deadlines and byte
+    accounting described above; shared by the protocol client and the vLLM
+    adapter (lever.remote.vllm_verifier).
+
+    stats: a ClientStats whose retries and bytes this object counts;
+    envelope: fields added to every JSON body (the protocol version);
+    other arguments as RemoteVerifier's."""
+
+    def __init__(self, url: str, stats: "ClientStats", token: str | None = None, timeout_s: float = 120.0,
+                 retry_deadline_s: float = 30.0, backoff_s: float = 0.05, max_backoff_s: float = 2.0,
+                 tls_ca: str | None = None, envelope: dict | None = None):
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise LeverError(f"--remote {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        if tls_ca is not None and parsed.scheme != "https":
+            raise LeverError(f"--tls-ca {tls_ca}: the verifier URL {url} is not https://")
+        self.url, self.stats, self.token = url, stats, token
+        self._https = parsed.scheme == "https"
+        self._tls = client_context(tls_ca) if self._https else None
+        self._host, self._port = parsed.hostname, parsed.port or (443 if self._https else 80)
+        self.timeout_s, self.retry_deadline_s = timeout_s, retry_deadline_s
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.envelope = dict(envelope or {})
+        self._conn: http.client.HTTPConnection | None = None
+
+    def close_quietly(self, method: str, path: str) -> None:
+        """A best-effort request of at most CLOSE_TIMEOUT_S seconds (a DELETE); failures are ignored."""
+        try:
+            self.exchange(method, path, None, min(self.timeout_s, CLOSE_TIMEOUT_S))
+        except (OSError, http.client.HTTPException):
+            self.drop_connection()
+
+    def request(self, method: str, path: str, body: dict | None = None, budget: RetryBudget | None = None) -> dict:
         """One request, retried on transport failures and RETRYABLE statuses
         until `budget` (default: a fresh one of retry_deadline_s) runs out."""
         budget = budget or RetryBudget(self.retry_deadline_s)
@@ -270,22 +295,22 @@ class RemoteVerifier:
         while True:
             attempts += 1
             try:
-                status, answer = self._exchange(method, path, body, min(self.timeout_s,
-                                                                        max(budget.left(), MIN_EXCHANGE_S)))
+                status, answer = self.exchange(method, path, body, min(self.timeout_s,
+                                                                       max(budget.left(), MIN_EXCHANGE_S)))
             except ssl.SSLCertVerificationError as e:
-                self._drop_connection()
+                self.drop_connection()
                 raise RemoteVerifierError(f"the verifier at {self.url} has a TLS certificate this client does not "
                                           f"trust ({e.verify_message or e}); pass the CA file that signed it "
                                           f"(--tls-ca)") from None
             except (OSError, http.client.HTTPException) as e:
-                self._drop_connection()
+                self.drop_connection()
                 last, busy = (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__), False
             else:
                 if status < 400:
                     if not isinstance(answer, dict):
                         raise RemoteVerifierError(f"the verifier's answer to {method} {path} is not a JSON object")
                     return answer
-                error = answer.get("error", {}) if isinstance(answer, dict) else {}
+                error = answer.get("error", answer) if isinstance(answer, dict) else {}   # lever / OpenAI-style
                 error = error if isinstance(error, dict) else {}
                 message = one_line(error.get("message", f"HTTP {status}"))
                 code = error.get("code") if isinstance(error.get("code"), str) else None
@@ -320,15 +345,15 @@ class RemoteVerifier:
             self._conn.sock.settimeout(timeout_s)
         return self._conn
 
-    def _drop_connection(self) -> None:
+    def drop_connection(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    def _exchange(self, method: str, path: str, body: dict | None, timeout_s: float) -> tuple[int, dict]:
+    def exchange(self, method: str, path: str, body: dict | None, timeout_s: float) -> tuple[int, dict]:
         """One HTTP exchange of at most `timeout_s` seconds per socket
         operation: (status, JSON answer).  Counts bytes both ways."""
-        payload = b"" if body is None else json.dumps({"v": VERSION, **body}, separators=(",", ":")).encode()
+        payload = b"" if body is None else json.dumps({**self.envelope, **body}, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -342,12 +367,13 @@ class RemoteVerifier:
         s.bytes_down += len(f"HTTP/1.1 {resp.status} {resp.reason}\r\n\r\n") + len(raw) + \
             sum(len(k) + len(v) + 4 for k, v in resp.getheaders())
         if resp.getheader("Connection", "").lower() == "close":
-            self._drop_connection()
+            self.drop_connection()
         try:
             answer = json.loads(raw) if raw else {}
         except ValueError:
             answer = {"error": {"message": raw[:200].decode(errors="replace")}}
         return resp.status, answer
+
 
 
 class ClientStats:
@@ -388,4 +414,4 @@ def _summary(values: list[float]) -> dict | None:
             "p90": round(float(np.percentile(a, 90)), 3), "max": round(float(a.max()), 3)}
 
 
-__all__ = ["ClientStats", "RemoteVerifier", "RemoteVerifierError", "VerifierBusyError", "VerifierUnreachableError"]
+__all__ = ["ClientStats", "JsonHttp", "RemoteVerifier", "RemoteVerifierError", "VerifierBusyError", "VerifierUnreachableError"]

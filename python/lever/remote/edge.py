@@ -1,15 +1,20 @@
 """Edge-cloud generation: a draft model on this device, the target behind a
-verifier server (`lever serve-verifier`).
+verifier server (`lever serve-verifier`) or an unmodified vLLM
+OpenAI-compatible server (engine="vllm", lever.remote.vllm_verifier).
 
     from lever.remote import RemoteTarget
     remote = RemoteTarget("http://127.0.0.1:8000", draft="qwen2.5-coder-0.5b")
     out = remote.generate("Write a quicksort in Python.", max_new_tokens=64)
     print(out.text, out.remote["target_calls_per_token"])
 
+    vllm = RemoteTarget("http://127.0.0.1:8001", draft="qwen2.5-coder-0.5b", engine="vllm")
+
 Modes: "ar" (target-only remote decoding: one target call per token),
 "chain" (k drafted tokens), "tree" (a static tree) and "lever" (each tree
 sized by expected tokens per second, with the measured round trip plus the
-server's pass as the verification cost -- lever.remote.cost).
+server's pass as the verification cost -- lever.remote.cost).  On vLLM
+only a tree's best path (or best `branches` paths) is verified, so mode
+lever grows chains (topk 1), costed by round trips measured at start-up.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from ..policy import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES, DEFAULT_TOPK, load_ca
 from ..sampling import SamplingParams
 from .client import RemoteVerifier
 from .cost import RemoteCost
+from .vllm_verifier import TOKENIZER_PROBE, VllmVerifier
+
+ENGINES = ("lever", "vllm")
 
 DRAFT_GRID = [1, 2, 4, 8, 16, 32, 64]       # draft forward sizes measured for mode lever
 
@@ -54,13 +62,23 @@ class RemoteTarget:
     tls_ca: PEM file of the certificates to trust for an https:// url
     (default: the system's), e.g. a self-signed server's certificate.
     draft_ahead: the draft extends the tree while the server verifies it
-    (lever.draft.ahead), reused when the server accepts that path."""
+    (lever.draft.ahead), reused when the server accepts that path.
+    engine: "lever" (`lever serve-verifier`) or "vllm" (a vLLM OpenAI-compatible
+    server; greedy, or temperature 1 with top_p 1 and top_k 0);
+    remote_model: vLLM's served model name (default: the only one);
+    branches: vLLM only: the tree's best paths sent per request (greedy)."""
 
     def __init__(self, url: str, draft: str | LoadedModel = "qwen2.5-coder-0.5b", token: str | None = None,
                  mode: str = "lever", draft_len: int = 4, tree: TreeShape = TreeShape(),
                  max_nodes: int = DEFAULT_MAX_NODES, max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK,
                  retry_deadline_s: float = 30.0, call_cost_s: float = 0.0, cache_dir=None, progress: bool = True,
-                 tls_ca: str | None = None, timeout_s: float = 120.0, draft_ahead: bool = False):
+                 tls_ca: str | None = None, timeout_s: float = 120.0, draft_ahead: bool = False,
+                 engine: str = "lever", remote_model: str | None = None, branches: int = 1):
+        if engine not in ENGINES:
+            raise LeverError(f"unknown remote engine {engine!r} (choose from {', '.join(ENGINES)})")
+        if engine == "lever" and (remote_model is not None or branches != 1):
+            raise LeverError("--remote-model and --vllm-branches apply to --remote-engine vllm only")
+        self.engine, self.remote_model, self.branches = engine, remote_model, branches
         self.draft = draft if isinstance(draft, LoadedModel) else load(draft, cache_dir=cache_dir, progress=progress)
         self.url, self.token, self.retry_deadline_s = url, token, retry_deadline_s
         self.tls_ca, self.timeout_s = tls_ca, timeout_s
@@ -72,7 +90,13 @@ class RemoteTarget:
         self.cache_dir, self.progress = cache_dir, progress
         probe = self._connect(SamplingParams())
         self.info = probe.info
-        probe.check_tokenizer(self.draft.tokenizer.fingerprint())
+        if engine == "vllm":
+            probe.check_tokenizer(self.draft.tokenizer)
+            if mode == "lever":
+                self.topk = 1                     # only a path is verified: grow chains
+                self.info["verify_cost"] = probe.measure_cost(self.draft.tokenizer.encode(TOKENIZER_PROBE))
+        else:
+            probe.check_tokenizer(self.draft.tokenizer.fingerprint())
         if self.draft.config.vocab_size > probe.vocab_size:
             raise LeverError(f"the draft's vocabulary ({self.draft.config.vocab_size}) is larger than the "
                              f"verifier's target's ({probe.vocab_size})")
@@ -80,10 +104,15 @@ class RemoteTarget:
         self._draft_curve: list[float] | None = None
         self.policy: GainCostPolicy | None = None
         self._policy_sampling = None
-        self.network_s = probe.ping_s() if mode == "lever" else None
+        # vLLM's cost curve is measured round trips: the network is inside it
+        self.network_s = (0.0 if engine == "vllm" else probe.ping_s()) if mode == "lever" else None
         probe.close()
 
-    def _connect(self, params: SamplingParams) -> RemoteVerifier:
+    def _connect(self, params: SamplingParams) -> RemoteVerifier | VllmVerifier:
+        if self.engine == "vllm":
+            return VllmVerifier(self.url, params, vocab_size=self.draft.config.vocab_size, model=self.remote_model,
+                                branches=self.branches, token=self.token, retry_deadline_s=self.retry_deadline_s,
+                                timeout_s=self.timeout_s, tls_ca=self.tls_ca)
         return RemoteVerifier(self.url, params, token=self.token, retry_deadline_s=self.retry_deadline_s,
                               timeout_s=self.timeout_s, tls_ca=self.tls_ca)
 
@@ -143,7 +172,8 @@ class RemoteTarget:
 
 def remote_calibration_path(info: dict, draft_path, params: SamplingParams, cache_dir=None) -> Path:
     """The acceptance calibration of (the server's target, this draft, the sampling setting)."""
-    key = {"target": {"remote": info.get("model"), "tokenizer": info.get("tokenizer")},
+    key = {"target": {"remote": info.get("model"), "tokenizer": info.get("tokenizer"),
+                      **({"engine": "vllm"} if info.get("engine") == "vllm" else {})},
            "draft": model_identity(draft_path),
            "sampling": "greedy" if params.greedy else
            {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}}

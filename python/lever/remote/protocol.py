@@ -60,6 +60,7 @@ import math
 from dataclasses import dataclass
 
 from ..sampling import SamplingParams
+from .http_error import HttpError
 
 VERSION = 1
 MAX_ROUND = (1 << 63) - 1
@@ -94,12 +95,11 @@ class Limits:
         return dict(self.__dict__)
 
 
-class ProtocolError(Exception):
+class ProtocolError(HttpError):
     """A request the server refuses: HTTP `status`, a short machine `code`, a message."""
 
     def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        super().__init__(status, code, message)
 
     def body(self) -> dict:
         return {"v": VERSION, "error": {"code": self.code, "message": self.message}}

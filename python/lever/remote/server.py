@@ -4,6 +4,11 @@ hosts a target and verifies the trees edge clients send (protocol.py).
 - Target passes run one at a time on a single compute thread; the event
   loop keeps answering health checks, refusals and other sessions' requests
   meanwhile.
+- With a batch window (`batch_window_s` > 0, `--batch-window-ms`), the
+  rounds of different sessions arriving within the window (and while a pass
+  runs) are verified in ONE target pass (lever.remote.batcher), each session
+  attending only its own cache and tree, each answered exactly as alone.
+  /v1/metrics counts target passes, batched rounds and trees per pass.
 - A prompt is prefilled in chunks of `Limits.prefill_chunk` tokens, one
   compute job each, so a long prefill delays another session's round by one
   chunk at most.  An open whose client went away before its answer (every
@@ -26,21 +31,20 @@ hosts a target and verifies the trees edge clients send (protocol.py).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import secrets
 import ssl
 import sys
-import threading
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from .connections import ConnectionGuard
+from .http_common import (HttpError, SiteThread, client_gone, error_headers, guard_middleware, read_body,
+                          serve_until_interrupted)
 from .metrics import Metrics, OneLineLog, StatusCounter
+from .batcher import PassStats, TreeBatcher, Waiting, batching_unsupported, verify_batch
 from .protocol import VERSION, Limits, ProtocolError, decode, encode, parse_open, parse_round
 from .session import VerifierSession
 
@@ -55,10 +59,16 @@ class VerifierServer:
     authentication -- loopback only, enforced by the command);
     verify_cost: {"n": [...], "s": [...]} seconds of one target pass over n
     tree tokens, published for the clients' tree sizing; tokenizer: an
-    identifier of the target's tokenizer, for clients to check theirs."""
+    identifier of the target's tokenizer, for clients to check theirs;
+    batch_window_s: seconds a round waits for other sessions' rounds to share
+    its target pass (0: every round its own pass, one at a time);
+    max_batch_trees: rounds per batched pass at most.  A target that cannot
+    run batched passes (lever.remote.batcher.batching_unsupported) with a
+    window > 0 is a ValueError."""
 
     def __init__(self, model, model_name: str, limits: Limits = Limits(), token: str | None = None,
-                 verify_cost: dict | None = None, tokenizer: str | None = None, log=None):
+                 verify_cost: dict | None = None, tokenizer: str | None = None, log=None,
+                 batch_window_s: float = 0.0, max_batch_trees: int = 8):
         self.model, self.model_name, self.limits = model, model_name, limits
         self.token = token
         self.verify_cost = verify_cost
@@ -67,6 +77,19 @@ class VerifierServer:
         self.open_ids: dict[str, VerifierSession] = {}     # the client's open_id -> its session
         self.opening = 0                                    # slots held by opens not registered yet
         self.metrics = Metrics()
+        self.passes = PassStats()
+        if not batch_window_s >= 0:
+            raise ValueError(f"the batch window must be >= 0 seconds, got {batch_window_s}")
+        if max_batch_trees < 1:
+            raise ValueError(f"max_batch_trees must be >= 1, got {max_batch_trees}")
+        self.batch_window_s, self.max_batch_trees = float(batch_window_s), int(max_batch_trees)
+        self.batcher: TreeBatcher | None = None
+        if batch_window_s > 0:
+            reason = batching_unsupported(model)
+            if reason is not None:
+                raise ValueError(f"cannot batch verification: {reason}; run without a batch window")
+            self.batcher = TreeBatcher(batch_window_s, max_batch_trees, self._run_batch,
+                                       open_sessions=lambda: len(self.sessions))
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lever-verify")
         self.log = log or (lambda line: print(f"lever serve-verifier: {line}", file=sys.stderr, flush=True))
         self.http_log = logging.getLogger(f"lever.serve-verifier.{id(self)}")
@@ -88,7 +111,8 @@ class VerifierServer:
     # -- the application ----------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._guard], client_max_size=self.limits.max_body_bytes)
+        guard = guard_middleware(self.connections, self.token, ("/v1/health",), self._refuse, self.log)
+        app = web.Application(middlewares=[guard], client_max_size=self.limits.max_body_bytes)
         app.router.add_get("/v1/health", self.health)
         app.router.add_get("/v1/info", self.info)
         app.router.add_get("/v1/metrics", self.metrics_handler)
@@ -104,40 +128,10 @@ class VerifierServer:
         self.metrics.bytes_out += len(body)
         return web.Response(body=body, status=status, content_type="application/json")
 
-    @web.middleware
-    async def _guard(self, request: web.Request, handler):
-        """Every request passes here: authentication, the connection guard's
-        bookkeeping, and the mapping of every failure to a JSON answer."""
-        conn = self.connections.watch(request.transport)
-        if conn is not None:
-            conn.request_started(has_body=request.can_read_body)
-        try:
-            if request.path != "/v1/health":
-                self._authenticate(request)
-            return await handler(request)
-        except ProtocolError as e:
-            return self._refuse(e)
-        except web.HTTPException as e:          # unknown path, wrong method
-            if e.status < 400:
-                raise
-            return self._refuse(ProtocolError(e.status, e.reason.lower().replace(" ", "_"),
-                                              f"{request.method} {request.path}: {e.reason}"))
-        except Exception as e:  # noqa: BLE001 -- a bug: answered and logged, the server goes on
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            self.log(f"internal error in {request.method} {request.path}: {type(e).__name__}: {e} "
-                     f"(at {where.filename}:{where.lineno})")
-            return self._refuse(ProtocolError(500, "internal", f"the verifier failed ({type(e).__name__})"))
-        finally:
-            if conn is not None:
-                conn.request_finished()
-
-    def _refuse(self, e: ProtocolError) -> web.Response:
-        resp = self._reply(e.body(), status=e.status)
-        if e.status == 401:
-            resp.headers["WWW-Authenticate"] = 'Bearer realm="lever"'
-        if e.status in (408, 413):
-            resp.force_close()                  # the rest of the body is never read
-        return resp
+    def _refuse(self, e: HttpError) -> web.Response:
+        """The JSON answer to a refused request (any HttpError, as the protocol's error body)."""
+        return error_headers(self._reply(ProtocolError(e.status, e.code, e.message).body(), status=e.status),
+                             e.status)
 
     def _refused(self) -> None:
         self.metrics.connections_refused += 1
@@ -146,46 +140,10 @@ class VerifierServer:
     def _timed_out(self) -> None:
         self.metrics.connections_timed_out += 1
 
-    def _authenticate(self, request: web.Request) -> None:
-        """401 without a usable token (none, or bytes that are not printable
-        ASCII -- no valid token has them), 403 with a wrong one.  Compared in
-        constant time, as bytes."""
-        if self.token is None:
-            return
-        header = request.headers.get("Authorization", "")
-        presented = header[7:].strip() if header.startswith("Bearer ") else ""
-        if not presented or not presented.isascii() or not presented.isprintable():
-            raise ProtocolError(401, "unauthorized", "this server needs 'Authorization: Bearer <token>' "
-                                                     "(printable ASCII)")
-        if not hmac.compare_digest(presented.encode("ascii"), self.token.encode("ascii")):
-            raise ProtocolError(403, "forbidden", "the bearer token is not valid for this server")
-
     async def _read_body(self, request: web.Request) -> dict:
         """The request's JSON body, refusing one over the limit before reading
         it, and one not received within `body_timeout_s` seconds (408)."""
-        limit = self.limits.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise ProtocolError(413, "body_too_large", f"a body of {request.content_length} bytes is over the "
-                                                       f"limit of {limit} bytes")
-
-        async def read() -> bytes:
-            raw = bytearray()
-            try:
-                async for chunk in request.content.iter_chunked(1 << 16):
-                    raw += chunk
-                    if len(raw) > limit:
-                        raise ProtocolError(413, "body_too_large", f"the body is over the limit of {limit} bytes")
-            except HttpProcessingError as e:            # a broken chunked encoding, a short body
-                raise ProtocolError(400, "malformed", f"the body is malformed ({type(e).__name__})") from None
-            except ConnectionError:
-                raise ProtocolError(400, "incomplete_body", "the client went away mid-body") from None
-            return bytes(raw)
-
-        try:
-            raw = await asyncio.wait_for(read(), self.limits.body_timeout_s)
-        except asyncio.TimeoutError:
-            raise ProtocolError(408, "body_timeout", f"the body did not arrive within "
-                                                     f"{self.limits.body_timeout_s:g} s") from None
+        raw = await read_body(request, self.limits.max_body_bytes, self.limits.body_timeout_s)
         conn = self.connections.watch(request.transport)
         if conn is not None:
             conn.body_read()
@@ -204,7 +162,10 @@ class VerifierServer:
                             "sessions": len(self.sessions)})
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
-        return self._reply(self.metrics.to_json(active=len(self.sessions)))
+        batching = {"window_ms": round(self.batch_window_s * 1e3, 3) if self.batcher else 0,
+                    "max_trees": self.max_batch_trees if self.batcher else 1}
+        return self._reply({**self.metrics.to_json(active=len(self.sessions)), **self.passes.to_json(),
+                            "batching": batching})
 
     async def open_session(self, request: web.Request) -> web.Response:
         req = parse_open(await self._read_body(request), self.vocab_size, self.limits, self.session_capacity)
@@ -261,7 +222,7 @@ class VerifierServer:
         answered = False
         try:
             await asyncio.shield(session.prefill)
-            if self._gone(request):
+            if client_gone(request):
                 raise ProtocolError(400, "gone", "the client went away before the session was ready")
             answered = session.answered = True
             return self._reply({"session": session.id, "round": 0, "position": session.position,
@@ -283,13 +244,7 @@ class VerifierServer:
 
     def _nobody_waits(self, session: VerifierSession) -> bool:
         """True when every client waiting for `session`'s open has gone (or none waits)."""
-        return all(self._gone(r) for r in session.waiters)
-
-    @staticmethod
-    def _gone(request: web.Request) -> bool:
-        """True if the client of `request` has closed its connection."""
-        transport = request.transport
-        return transport is None or transport.is_closing()
+        return all(client_gone(r) for r in session.waiters)
 
     def _forget(self, session: VerifierSession) -> None:
         self.sessions.pop(session.id, None)
@@ -307,7 +262,10 @@ class VerifierServer:
     async def _verify(self, session: VerifierSession, req) -> dict:
         session.busy += 1
         try:
-            answer = await self._run(session, session.answer_round, req)
+            if self.batcher is not None:
+                answer = await self.batcher.submit(session, req)
+            else:
+                answer = await self._run(session, session.answer_round, req)
         finally:
             session.busy -= 1
             session.last_used = time.monotonic()
@@ -318,8 +276,30 @@ class VerifierServer:
             m.rounds += 1
             m.tree_tokens += len(req.tokens)
             m.emitted_tokens += len(answer["accepted"]) + 1
-            m.compute_s += answer["server_s"]
+            if self.batcher is None:            # a batched pass's seconds are counted once, by _run_batch
+                m.compute_s += answer["server_s"]
+                self.passes.record(1)
         return answer
+
+    async def _run_batch(self, batch: list[Waiting]) -> None:
+        """One compute job for the rounds of `batch` (one per session): each
+        round's checks (a replay, a refusal), one target pass over the trees
+        that remain, each session's rule and commit; then every waiter gets
+        its own answer or error.  A failure inside a session's steps, or of
+        the pass (then every session in it), closes those sessions (500)."""
+        loop = asyncio.get_running_loop()
+        outcomes, trees, seconds = await loop.run_in_executor(self.compute, batch_job, batch)
+        self.metrics.compute_s += seconds
+        self.passes.record(trees)
+        for w, outcome in zip(batch, outcomes):
+            if w.future.done():
+                continue
+            if isinstance(outcome, ProtocolError):
+                w.future.set_exception(outcome)
+            elif isinstance(outcome, Exception):
+                w.future.set_exception(self._session_failed(w.session, outcome))
+            else:
+                w.future.set_result(outcome)
 
     async def close_session(self, request: web.Request) -> web.Response:
         session = self._session(request.match_info["sid"])
@@ -345,12 +325,17 @@ class VerifierServer:
         except ProtocolError:
             raise
         except Exception as e:  # noqa: BLE001 -- a failure of one session must not take the server down
-            if session is not None:
-                self._forget(session)
-                self.metrics.sessions_failed += 1
-            self.log(f"internal error ({type(e).__name__}: {e}); the session was closed")
-            raise ProtocolError(500, "internal", f"the verifier failed ({type(e).__name__}: {e}); the session "
-                                                 f"was closed, open a new one") from None
+            raise self._session_failed(session, e) from None
+
+    def _session_failed(self, session: VerifierSession | None, e: Exception) -> ProtocolError:
+        """An unexpected failure inside `session`: close it (its state may be
+        half-updated), log it, and return the 500 to answer."""
+        if session is not None:
+            self._forget(session)
+            self.metrics.sessions_failed += 1
+        self.log(f"internal error ({type(e).__name__}: {e}); the session was closed")
+        return ProtocolError(500, "internal", f"the verifier failed ({type(e).__name__}: {e}); the session "
+                                              f"was closed, open a new one")
 
     # -- idle sessions --------------------------------------------------------------------
 
@@ -376,6 +361,51 @@ class VerifierServer:
         if self._reaper is not None:
             self._reaper.cancel()
         self.compute.shutdown(wait=False, cancel_futures=True)
+
+
+def batch_job(batch: list[Waiting]) -> tuple[list, int, float]:
+    """The compute-thread side of a batched pass: (one outcome per round -- its
+    answer dict, or the exception for it --, trees scored in the pass, seconds
+    the job took).
+    Checks run in arrival order, before the pass; a round refused there (or
+    replayed) takes no part in it; a failure of the pass is every scored
+    round's outcome."""
+    t0 = time.perf_counter()
+    outcomes, trees = batch_outcomes(batch)
+    return outcomes, trees, time.perf_counter() - t0
+
+
+def batch_outcomes(batch: list[Waiting]) -> tuple[list, int]:
+    """`batch_job` without the clock: (outcomes, trees scored)."""
+    outcomes: list = [None] * len(batch)
+    scored = []
+    for i, w in enumerate(batch):
+        try:
+            checked = w.session.check_round(w.request)
+        except Exception as e:  # noqa: BLE001 -- this round's own outcome
+            outcomes[i] = e
+            continue
+        if isinstance(checked, dict):
+            outcomes[i] = checked
+        else:
+            scored.append((i, checked))
+    if not scored:
+        return outcomes, 0
+    try:
+        verdicts = verify_batch([batch[i].session.verifier for i, _ in scored], [tree for _, tree in scored])
+    except Exception as e:  # noqa: BLE001 -- the pass failed: every round in it
+        for i, _ in scored:
+            outcomes[i] = e
+        return outcomes, len(scored)
+    for (i, _), verdict in zip(scored, verdicts):
+        if isinstance(verdict, Exception):
+            outcomes[i] = verdict
+            continue
+        try:
+            outcomes[i] = batch[i].session.commit_round(batch[i].request, verdict)
+        except Exception as e:  # noqa: BLE001
+            outcomes[i] = e
+    return outcomes, len(scored)
 
 
 def background(coro) -> asyncio.Future:
@@ -420,22 +450,10 @@ async def start_site(server: VerifierServer, host: str, port: int,
 def serve_forever(server: VerifierServer, host: str, port: int, on_ready=None,
                   ssl_context: ssl.SSLContext | None = None) -> None:
     """Serve until interrupted (Ctrl-C / SIGTERM)."""
-    async def main() -> None:
-        runner, bound = await start_site(server, host, port, ssl_context)
-        if on_ready is not None:
-            on_ready(bound)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    serve_until_interrupted(lambda: start_site(server, host, port, ssl_context), on_ready)
 
 
-class ServerThread:
+class ServerThread(SiteThread):
     """A VerifierServer on a background thread (tests, benchmarks, notebooks).
 
         with ServerThread(VerifierServer(model, "name")) as s:
@@ -444,50 +462,9 @@ class ServerThread:
 
     def __init__(self, server: VerifierServer, host: str = "127.0.0.1", port: int = 0,
                  ssl_context: ssl.SSLContext | None = None):
-        self.server, self.host, self.port, self.ssl_context = server, host, port, ssl_context
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
-
-    def start(self) -> "ServerThread":
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                runner, self.port = loop.run_until_complete(start_site(self.server, self.host, self.port,
-                                                                             self.ssl_context))
-            except BaseException as e:  # noqa: BLE001 -- reported to the starting thread
-                self._error = e
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="lever-verifier-server", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
-
-    def __enter__(self) -> "ServerThread":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().__init__(lambda h, p: start_site(server, h, p, ssl_context), host, port,
+                         "https" if ssl_context else "http")
+        self.server, self.ssl_context = server, ssl_context
 
 
 __all__ = ["VERSION", "Limits", "Metrics", "ServerThread", "VerifierServer", "serve_forever", "start_site"]

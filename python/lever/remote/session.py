@@ -5,7 +5,10 @@ A session's methods run on the server's single compute thread, one at a
 time, so a retried round that arrives while the first copy is still queued
 finds the first one's answer stored and is replayed, never committed twice.
 Its prefill is resumable: `prefill_step` runs one chunk of the prompt, so
-the server can queue other sessions' rounds between the chunks.
+the server can queue other sessions' rounds between the chunks.  A round is
+`check_round` (replay or refusal, nothing changed), the verification, then
+`commit_round`; a batching server (lever.remote.batcher) runs the
+verification of several sessions' rounds as one target pass in between.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 import numpy as np
 
 from ..tree import TokenTree
-from ..verify.target_pass import TargetVerifier
+from ..verify.target_pass import TargetVerifier, Verdict
 from .protocol import OpenRequest, ProtocolError, RoundRequest
 
 
@@ -62,6 +65,15 @@ class VerifierSession:
 
     def answer_round(self, req: RoundRequest) -> dict:
         """Verify one round (or replay the stored answer of a retried one)."""
+        checked = self.check_round(req)
+        if isinstance(checked, dict):
+            return checked
+        return self.commit_round(req, self.verifier.verify(checked))
+
+    def check_round(self, req: RoundRequest) -> dict | TokenTree:
+        """The stored answer of a retried round (a dict), or the tree this round
+        verifies; ProtocolError for a round out of order, a tree of another
+        root, a malformed tree or one over the session's room.  Changes nothing."""
         if self.last is not None and req.round == self.last[0]:
             if req.digest() != self.last[1]:
                 raise ProtocolError(409, "round_conflict", f"round {req.round} was already answered for a "
@@ -81,7 +93,11 @@ class VerifierSession:
         if needed > self.capacity:
             raise ProtocolError(422, "context_limit", f"this round would take the session to {needed} tokens, over "
                                                       f"its limit of {self.capacity}")
-        verdict = self.verifier.verify(tree)
+        return tree
+
+    def commit_round(self, req: RoundRequest, verdict: Verdict) -> dict:
+        """Record the verdict of round `req` (the verifier has committed it) and
+        return its answer, stored for a retry."""
         self.emitted += len(verdict.accepted) + 1
         answer = {"round": req.round, "accepted": verdict.accepted, "next": verdict.next_token,
                   "position": self.position, "server_s": round(verdict.verify_s + verdict.accept_s, 6),

@@ -158,21 +158,42 @@ class TargetVerifier:
         position (float32 [k, vocab]) -- the conventional Leviathan rule, asked for by
         `SpecConfig(rule="leviathan")`; otherwise the rule is the greedy walk
         or the position-keyed draws, which need no draft distribution."""
+        t0 = time.perf_counter()
+        p = self.prepare(tree)
+        stall0, bytes0 = io_counters(self.target)
+        hook = self.pass_hook
+        layer_hook = hook.begin(tree, p.n_cached) if hook is not None else None
+        hooked = {"layer_hook": layer_hook} if layer_hook is not None else {}   # the native decoder's hook
+        out = self.target(p.tokens, p.positions, p.mask, self.cache, head=p.head, **hooked)
+        survivors = hook.finish(out) if hook is not None else None
+        stall1, bytes1 = io_counters(self.target)
+        t1 = time.perf_counter()
+        verdict = self.decide(p, out, draft_probs, survivors)
+        verdict.verify_s, verdict.stall_s, verdict.bytes_read = t1 - t0, stall1 - stall0, bytes1 - bytes0
+        return verdict
+
+    def prepare(self, tree: TokenTree) -> "PassInput":
+        """The target pass that scores `tree` (node 0 = the root) after the
+        committed tokens: its inputs, for `self.target` or for a batched pass
+        over several sequences (lever.remote.batcher.verify_batch).  Nothing
+        is changed; LeverError before `start` or for a tree of another root."""
         if self.root is None:
             raise LeverError("TargetVerifier.verify before start")
         if tree.token(0) != self.root:
             raise LeverError(f"the tree's root is token {tree.token(0)}, but the sequence's root is {self.root}")
-        t0 = time.perf_counter()
         n = self.cache.length
-        stall0, bytes0 = io_counters(self.target)
-        hook = self.pass_hook
-        layer_hook = hook.begin(tree, n) if hook is not None else None
-        hooked = {"layer_hook": layer_hook} if layer_hook is not None else {}   # the native decoder's hook
-        out = self.target(tree.tokens().astype(np.int64), tree.positions(n), tree.mask(n), self.cache,
-                          head=head_for(self.params), **hooked)
-        survivors = hook.finish(out) if hook is not None else None
-        stall1, bytes1 = io_counters(self.target)
+        return PassInput(tree, n, tree.tokens().astype(np.int64), tree.positions(n), tree.mask(n),
+                         head_for(self.params))
+
+    def decide(self, p: "PassInput", out, draft_probs: np.ndarray | None = None, survivors=None) -> Verdict:
+        """After the pass `p` (prepared by `prepare`) ran, with output `out`:
+        the exact rule, the commit (cache compaction, the new root) and the
+        verdict.  survivors: the tree nodes a pass hook kept (None: all).
+        The verdict's verify_s is 0 here (the caller knows the pass's
+        seconds); accept_s is this step's."""
         t1 = time.perf_counter()
+        tree, n = p.tree, p.n_cached
+        hook = self.pass_hook
         scored, old_ids = surviving_tree(tree, survivors)
         if self.params.greedy:
             accepted, next_token = verify_greedy(scored, out)
@@ -190,5 +211,19 @@ class TargetVerifier:
         self.cache.compact(tree.compaction_indices(n, accepted))
         self.root = int(next_token)
         self.calls += 1
-        return Verdict(accepted, int(next_token), verify_s=t1 - t0, stall_s=stall1 - stall0,
-                       bytes_read=bytes1 - bytes0, accept_s=time.perf_counter() - t1)
+        return Verdict(accepted, int(next_token), accept_s=time.perf_counter() - t1)
+
+
+@dataclass
+class PassInput:
+    """One tree's target pass, as `TargetVerifier.prepare` makes it: the tree, the
+    committed rows before it (`n_cached`), its int64 tokens and positions [T],
+    its bool mask [T, n_cached + T] and the head to ask for ("argmax" greedy,
+    else "logits")."""
+
+    tree: TokenTree
+    n_cached: int
+    tokens: np.ndarray
+    positions: np.ndarray
+    mask: np.ndarray
+    head: str

@@ -1,0 +1,15 @@
+"""`HttpError`: a request refused with an HTTP status, a short machine code
+and a message.  Its own module (no aiohttp) so that the wire protocol
+(protocol.py), which the edge client imports too, can build on it; the
+servers' shared HTTP pieces live in http_common.py."""
+
+from __future__ import annotations
+
+
+class HttpError(Exception):
+    """A request refused with HTTP `status`, a short machine `code` and a
+    human `message`; `param` names the request field at fault (or None)."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param

@@ -1,0 +1,133 @@
+"""One request's generation on the engine thread of `lever serve`.
+
+`Generator.run(req, job)` decodes with `lever.engine.speculative_generate`
+-- the decode loop `lever generate` runs -- in the server's mode (ar: the
+target alone, chain, tree or lever), streams text to the job as it
+is produced, and returns an `Outcome`.  Text is decoded as `lever generate`
+decodes it (lever.model.tokenizer.IncrementalDecoder, special tokens
+skipped); stop strings cut it (lever.serve.stop_strings).
+
+The per-token callback stops the run: when the job is cancelled (its client
+left) it raises `Cancelled`, when a stop string appears an internal
+`StopString`; the engine hands back the partial result and counters with
+the exception (`partial_result`, `partial_stats`), so a stopped run is
+counted like any other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..engine import SpecConfig, speculative_generate, tree_room
+from ..errors import LeverError
+from ..model.tokenizer import IncrementalDecoder
+from ..sampling import SamplingParams
+from .generation_queue import Cancelled, Job
+from .openai_schema import GenRequest
+from .prom import EngineCounters
+from .stop_strings import StopScanner
+
+
+class StopString(LeverError):
+    """Raised from the token callback when a stop string has appeared."""
+
+
+@dataclass
+class Outcome:
+    text: str
+    token_ids: list[int]
+    finish_reason: str              # "stop" (end of turn or a stop string) or "length"
+    speculative: dict
+
+
+@dataclass
+class Delta:
+    """A piece of streamed output: text and the ids generated since the last piece."""
+
+    text: str
+    token_ids: list[int]
+
+
+class Generator:
+    """Runs requests on `loaded` (a lever.api.LoadedModel) with `drafter`
+    (None in mode ar) under `spec_for(params)`, the lever.engine.SpecConfig
+    of a request's sampling (lever.serve.specs).  draft: the --draft value,
+    for the report; counters: the engine's counters, written on the engine
+    thread."""
+
+    def __init__(self, loaded, drafter, spec_for: Callable[[SamplingParams], SpecConfig], draft: str | None,
+                 counters: EngineCounters):
+        self.loaded, self.drafter, self.spec_for, self.draft = loaded, drafter, spec_for, draft
+        self.counters = counters
+        from ..store.streamed import StreamedDecoder
+        self.flash = isinstance(loaded.model, StreamedDecoder)     # the target streams from flash
+        first = spec_for(SamplingParams())                    # mode lever: the greedy policy made (and profiled) now
+        self.mode, self.tree_room = first.mode, tree_room(loaded.model, first)[0]
+
+    @property
+    def context(self) -> int:
+        """Tokens a request may use, prompt and completion: the model's context
+        (a streamed target's: the KV rows its DRAM budget holds) less the room
+        a draft tree needs past the last token."""
+        return min(self.loaded.config.max_context, getattr(self.loaded.model, "kv_tokens", 1 << 62)) - self.tree_room
+
+    def run(self, req: GenRequest, job: Job) -> Outcome:
+        """Generate `req` (on the engine thread), posting Deltas to `job` when
+        it streams; raises Cancelled once the job is cancelled."""
+        tokenizer = self.loaded.tokenizer
+        decoder = IncrementalDecoder(tokenizer, skip_special_tokens=True)
+        scanner = StopScanner(req.stop)
+        pieces: list[str] = []
+        unsent: list[int] = []
+
+        def send(text: str) -> None:
+            pieces.append(text)
+            if req.stream:
+                job.post(Delta(text, list(unsent)))
+            unsent.clear()
+
+        def on_token(token: int) -> None:
+            job.check()
+            unsent.append(token)
+            text = scanner.push(decoder.push(token))
+            if text or scanner.stopped:
+                send(text)
+            if scanner.stopped:
+                raise StopString("a stop string appeared")
+
+        result = stats = None
+        spec = self.spec_for(req.params)
+        try:
+            result, stats = speculative_generate(self.loaded.model, self.drafter, req.prompt_ids, req.max_tokens,
+                                                 req.params, spec, stop_ids=tokenizer.eos_token_ids,
+                                                 on_token=on_token)
+            tail = scanner.push(decoder.flush())
+            send(tail + scanner.flush())
+            finish = "stop" if result.stop_reason == "eos" or scanner.stopped else "length"
+        except (StopString, Cancelled) as e:
+            result, stats = getattr(e, "partial_result", None), getattr(e, "partial_stats", None)
+            if isinstance(e, Cancelled):
+                raise
+            self.counters.stop_strings += 1
+            finish = "stop"
+        finally:
+            self.counters.add(len(req.prompt_ids), len(result.token_ids) if result else 0, stats)
+            if spec.policy is not None:                 # mode lever: keep what the run taught its calibration
+                from ..policy import save_calibration
+                save_calibration(spec.policy)
+        return Outcome("".join(pieces), result.token_ids, finish, self.report(stats, len(result.token_ids),
+                                                                              result.seed))
+
+    def report(self, stats, new_tokens: int, seed: int | None) -> dict:
+        """The `speculative` object of a response (see the module doc of lever.serve.app)."""
+        passes = stats.iterations
+        return {
+            "mode": self.mode, "draft": self.draft, "target_passes": passes,
+            "drafted": stats.draft_nodes, "accepted": stats.accepted,
+            "mean_accepted_length": round(stats.mean_accepted_length, 3),
+            "acceptance_rate": round(stats.accepted / stats.draft_nodes, 4) if stats.draft_nodes else None,
+            "target": "flash" if self.flash else "dram",
+            "bytes_read_per_token": (stats.bytes_read / new_tokens if new_tokens else 0.0) if self.flash else None,
+            "seed": seed,
+        }

@@ -1,0 +1,42 @@
+"""Running the `lever serve` application: on a guarded TCP site (the
+verifier server's connection limits), until interrupted or on a background
+thread (`serve_thread`, for tests and notebooks)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+from ..remote.http_common import SiteThread, serve_until_interrupted
+from ..remote.server import KEEPALIVE_S, GuardedSite
+from .app import OpenAIServer
+
+
+class EndpointCounter(AbstractAccessLogger):
+    """aiohttp's access log, used to count every answer by endpoint and
+    status (aiohttp's own 400s for malformed HTTP included).  `logger` is
+    the server's HttpCounters."""
+
+    def log(self, request, response, time: float) -> None:
+        self.logger.count(request.path if request is not None else "other", response.status)
+
+
+async def start_site(server: OpenAIServer, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve `server` on host:port (0: any free port); returns the runner and the port."""
+    runner = web.AppRunner(server.app(), access_log_class=EndpointCounter, access_log=server.http,
+                           logger=server.http_log, lingering_time=0, keepalive_timeout=KEEPALIVE_S,
+                           handler_cancellation=True)
+    await runner.setup()
+    site = GuardedSite(runner, server.connections, host, port, None, server.limits.header_timeout_s)
+    await site.start()
+    return runner, site.bound_port
+
+
+def serve_forever(server: OpenAIServer, host: str, port: int, on_ready=None) -> None:
+    """Serve until interrupted (Ctrl-C / SIGTERM); on_ready(port) once listening."""
+    serve_until_interrupted(lambda: start_site(server, host, port), on_ready)
+
+
+def serve_thread(server: OpenAIServer, host: str = "127.0.0.1", port: int = 0) -> SiteThread:
+    """`server` on a background thread: `with serve_thread(server) as s: ... s.url`."""
+    return SiteThread(lambda h, p: start_site(server, h, p), host, port)
