@@ -51,26 +51,27 @@ def test_a_chat_request_is_parsed_with_defaults_and_extensions():
     assert req.stream and req.include_usage and req.kind == "chat"
 
 
-@pytest.mark.parametrize("body, status, param", [
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "max_completion_tokens": 1}, 400, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 0}, 400, "logprobs"),
-    ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}, 422, "stop"),
-    ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, 422, "stop"),
-    ({"messages": [{"role": "user", "content": "x"}], "seed": -1}, 422, "seed"),
-    ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 422, "top_p"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": True}, 400, "temperature"),
-    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, 400, "messages[0]"),
-    ({"messages": [{"role": "user", "content": "x" * 100}]}, 422, "messages"),          # no room in the context
-    ({"messages": [{"role": "user", "content": "x" * 60}], "max_tokens": 45}, 422, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 51}, 422, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "model": 3}, 400, "model"),
+@pytest.mark.parametrize("body, status, param, text", [
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "max_completion_tokens": 1}, 400, "max_tokens", "give one of max_completion_tokens or max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, 400, "presence_penalty", "only 0 is supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 0}, 400, "logprobs", "only false is supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}, 422, "stop", "at most 4 stop strings"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, 422, "stop", "1 to 256 characters"),
+    ({"messages": [{"role": "user", "content": "x"}], "seed": -1}, 422, "seed", "must be between 0 and"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 422, "top_p", "top_p must be between"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": True}, 400, "temperature", "must be a number"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream", "must be true or false"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, 400, "messages[0]", "unsupported field 'tool_calls'"),
+    ({"messages": [{"role": "user", "content": "x" * 100}]}, 422, "messages", "context holds 100 tokens"),          # no room in the context
+    ({"messages": [{"role": "user", "content": "x" * 60}], "max_tokens": 45}, 422, "max_tokens", "plus max_tokens 45 exceeds"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 51}, 422, "max_tokens", "must be between 1 and 50"),
+    ({"messages": [{"role": "user", "content": "x"}], "model": 3}, 400, "model", "must be a string"),
 ])
-def test_a_bad_chat_request_names_its_field(body, status, param):
+def test_a_bad_chat_request_names_its_field(body, status, param, text):
     with pytest.raises(schema.OpenAIError) as e:
         schema.parse_chat(body, served())
     assert (e.value.status, e.value.param) == (status, param), e.value.message
+    assert text in e.value.message
     err = e.value.body()["error"]
     assert set(err) == {"message", "type", "code", "param"} and err["type"] == "invalid_request_error"
 
