@@ -1,6 +1,7 @@
 """HTTP pieces shared by Lever's aiohttp servers (`lever serve-verifier`,
 `lever serve`): the bearer-token check, bounded reading of a request body,
-the middleware that authenticates and maps failures to JSON answers, and a
+the middleware that authenticates and maps failures to JSON answers, a TCP
+site whose connections pass the ConnectionGuard (`start_guarded_site`), and a
 site on a background thread (`SiteThread`) or in the foreground until
 interrupted (`serve_until_interrupted`).
 
@@ -12,15 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
+import ssl
 import threading
 import traceback
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from .connections import ConnectionGuard
 from .http_error import HttpError
+from .metrics import OneLineLog
 
 BODY_CHUNK_BYTES = 1 << 16          # bytes read from the body per step
+KEEPALIVE_S = 75.0                  # an idle keep-alive connection is closed after this many seconds
 
 
 def check_bearer(header: str | None, token: str | None) -> None:
@@ -120,6 +126,46 @@ def client_gone(request: web.Request) -> bool:
     """True if the client of `request` has closed its connection."""
     transport = request.transport
     return transport is None or transport.is_closing()
+
+
+def http_logger(name: str, log) -> logging.Logger:
+    """aiohttp's logger for one server: its lines go to `log` (one line each), not to the root logger."""
+    logger = logging.getLogger(name)
+    logger.propagate = False
+    logger.addHandler(OneLineLog(log))
+    return logger
+
+
+class GuardedSite(web.TCPSite):
+    """A TCP site whose connections pass through the server's ConnectionGuard."""
+
+    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int,
+                 ssl_context: ssl.SSLContext | None, handshake_timeout_s: float):
+        super().__init__(runner, host, port, ssl_context=ssl_context)
+        self.guard, self.handshake_timeout_s = guard, handshake_timeout_s
+
+    async def start(self) -> None:
+        self._runner._reg_site(self)
+        self.guard.factory = self._runner.server
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self.guard, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            ssl_handshake_timeout=self.handshake_timeout_s if self._ssl_context is not None else None)
+        self.bound_port = self._server.sockets[0].getsockname()[1]
+
+
+async def start_guarded_site(app: web.Application, connections: ConnectionGuard, header_timeout_s: float,
+                             host: str, port: int, ssl_context: ssl.SSLContext | None, access_log_class,
+                             access_log, logger: logging.Logger) -> tuple[web.AppRunner, int]:
+    """Serve `app` on host:port (0: any free port) through the ConnectionGuard
+    `connections`, over TLS when `ssl_context` is given; `access_log_class` /
+    `access_log` count the answers.  Returns the runner and the bound port."""
+    runner = web.AppRunner(app, access_log_class=access_log_class, access_log=access_log, logger=logger,
+                           lingering_time=0, keepalive_timeout=KEEPALIVE_S, handler_cancellation=True)
+    await runner.setup()
+    site = GuardedSite(runner, connections, host, port, ssl_context, header_timeout_s)
+    await site.start()
+    return runner, site.bound_port
 
 
 class SiteThread:

@@ -31,7 +31,6 @@ hosts a target and verifies the trees edge clients send (protocol.py).
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 import ssl
 import sys
@@ -41,14 +40,13 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from .connections import ConnectionGuard
-from .http_common import (HttpError, SiteThread, client_gone, error_headers, guard_middleware, read_body,
-                          serve_until_interrupted)
-from .metrics import Metrics, OneLineLog, StatusCounter
+from .http_common import (HttpError, SiteThread, client_gone, error_headers, guard_middleware, http_logger,
+                          read_body, serve_until_interrupted, start_guarded_site)
+from .metrics import Metrics, StatusCounter
 from .batcher import PassStats, TreeBatcher, Waiting, batching_unsupported, verify_batch
 from .protocol import VERSION, Limits, ProtocolError, decode, encode, parse_open, parse_round
 from .session import VerifierSession
 
-KEEPALIVE_S = 75.0          # an idle keep-alive connection is closed after this many seconds
 
 
 class VerifierServer:
@@ -92,9 +90,7 @@ class VerifierServer:
                                        open_sessions=lambda: len(self.sessions))
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lever-verify")
         self.log = log or (lambda line: print(f"lever serve-verifier: {line}", file=sys.stderr, flush=True))
-        self.http_log = logging.getLogger(f"lever.serve-verifier.{id(self)}")
-        self.http_log.propagate = False
-        self.http_log.addHandler(OneLineLog(self.log))
+        self.http_log = http_logger(f"lever.serve-verifier.{id(self)}", self.log)
         self.connections = ConnectionGuard(None, limits.header_timeout_s, limits.max_connections,
                                            limits.max_connections_per_ip, on_refused=self._refused,
                                            on_timeout=self._timed_out)
@@ -416,35 +412,12 @@ def background(coro) -> asyncio.Future:
     return task
 
 
-class GuardedSite(web.TCPSite):
-    """A TCP site whose connections pass through the server's ConnectionGuard."""
-
-    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int,
-                 ssl_context: ssl.SSLContext | None, handshake_timeout_s: float):
-        super().__init__(runner, host, port, ssl_context=ssl_context)
-        self.guard, self.handshake_timeout_s = guard, handshake_timeout_s
-
-    async def start(self) -> None:
-        self._runner._reg_site(self)
-        self.guard.factory = self._runner.server
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self.guard, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
-            ssl_handshake_timeout=self.handshake_timeout_s if self._ssl_context is not None else None)
-        self.bound_port = self._server.sockets[0].getsockname()[1]
-
-
 async def start_site(server: VerifierServer, host: str, port: int,
                      ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
     """Serve `server` on host:port (0: any free port), over TLS when
     `ssl_context` is given; returns the runner and the port."""
-    runner = web.AppRunner(server.app(), access_log_class=StatusCounter, access_log=server.metrics,
-                           logger=server.http_log, lingering_time=0, keepalive_timeout=KEEPALIVE_S,
-                           handler_cancellation=True)
-    await runner.setup()
-    site = GuardedSite(runner, server.connections, host, port, ssl_context, server.limits.header_timeout_s)
-    await site.start()
-    return runner, site.bound_port
+    return await start_guarded_site(server.app(), server.connections, server.limits.header_timeout_s, host, port,
+                                    ssl_context, StatusCounter, server.metrics, server.http_log)
 
 
 def serve_forever(server: VerifierServer, host: str, port: int, on_ready=None,

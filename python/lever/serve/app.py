@@ -27,7 +27,6 @@ ids), GET /v1/models, GET /health (no token needed), GET /metrics
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 import sys
 import time
@@ -37,8 +36,7 @@ from aiohttp import web
 
 from ..errors import LeverError
 from ..remote.connections import ConnectionGuard
-from ..remote.http_common import HttpError, client_gone, error_headers, guard_middleware, read_body
-from ..remote.metrics import OneLineLog
+from ..remote.http_common import HttpError, client_gone, error_headers, guard_middleware, http_logger, read_body
 from ..sampling import SamplingParams
 from . import openai_schema as schema
 from .generation import Delta, Generator, Outcome
@@ -84,9 +82,7 @@ class OpenAIServer:
         self.queue = GenerationQueue(limits.max_queue)
         self.started, self.created = time.monotonic(), int(time.time())
         self.log = log or (lambda line: print(f"lever serve: {line}", file=sys.stderr, flush=True))
-        self.http_log = logging.getLogger(f"lever.serve.{id(self)}")
-        self.http_log.propagate = False
-        self.http_log.addHandler(OneLineLog(self.log))
+        self.http_log = http_logger(f"lever.serve.{id(self)}", self.log)
         self.connections = ConnectionGuard(None, limits.header_timeout_s, limits.max_connections,
                                            limits.max_connections_per_ip, on_refused=self._refused,
                                            on_timeout=self._timed_out)

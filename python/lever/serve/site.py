@@ -7,8 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from ..remote.http_common import SiteThread, serve_until_interrupted
-from ..remote.server import KEEPALIVE_S, GuardedSite
+from ..remote.http_common import SiteThread, serve_until_interrupted, start_guarded_site
 from .app import OpenAIServer
 
 
@@ -23,13 +22,8 @@ class EndpointCounter(AbstractAccessLogger):
 
 async def start_site(server: OpenAIServer, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve `server` on host:port (0: any free port); returns the runner and the port."""
-    runner = web.AppRunner(server.app(), access_log_class=EndpointCounter, access_log=server.http,
-                           logger=server.http_log, lingering_time=0, keepalive_timeout=KEEPALIVE_S,
-                           handler_cancellation=True)
-    await runner.setup()
-    site = GuardedSite(runner, server.connections, host, port, None, server.limits.header_timeout_s)
-    await site.start()
-    return runner, site.bound_port
+    return await start_guarded_site(server.app(), server.connections, server.limits.header_timeout_s, host, port,
+                                    None, EndpointCounter, server.http, server.http_log)
 
 
 def serve_forever(server: OpenAIServer, host: str, port: int, on_ready=None) -> None:
