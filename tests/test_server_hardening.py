@@ -318,6 +318,36 @@ def test_an_open_whose_client_went_away_frees_its_slot(tiny_pair, monkeypatch):
         assert metrics["abandoned"] == 1 and metrics["opened"] == 1
 
 
+def test_an_open_whose_client_went_away_while_its_session_was_built_is_counted(tiny_pair, monkeypatch):
+    """The client leaves before its session exists (the KV cache is still
+    being allocated): the slot is freed and the open counts as abandoned."""
+    import lever.remote.server as server_module
+    building = threading.Event()
+
+    def slow_session(*args):
+        building.set()
+        time.sleep(0.3)
+        return VerifierSession(*args)
+
+    monkeypatch.setattr(server_module, "VerifierSession", slow_session)
+    server = make_server(tiny_pair[0], max_sessions=1, prefill_chunk=1)
+    with ServerThread(server) as running:
+        body = json.dumps({"v": 1, "prompt": [1, 2, 3], "open_id": "early"}).encode()
+        sock = socket.create_connection(("127.0.0.1", running.port))
+        sock.sendall(request_bytes("POST", "/v1/sessions", body, {"Authorization": f"Bearer {TOKEN}"}))
+        assert building.wait(10)
+        sock.close()                                  # gone while the session is still being built
+        t0 = time.monotonic()
+        while running.server.opening and time.monotonic() - t0 < 5:
+            time.sleep(0.01)
+        assert running.server.opening == 0 and not running.server.sessions and not running.server.open_ids
+        time.sleep(0.5)                               # the discarded construction has finished
+        raw = Raw(running.url, TOKEN)
+        raw.open([1, 2])                               # the slot is free
+        metrics = raw("GET", "/v1/metrics")[1]["sessions"]
+        assert metrics["abandoned"] == 1 and metrics["opened"] == 1
+
+
 def test_a_retried_open_waits_for_the_first_and_shares_its_session(tiny_pair, monkeypatch):
     original = VerifierSession.prefill_step
 

@@ -175,8 +175,10 @@ class VerifierServer:
         try:
             session = await self._run(None, VerifierSession, secrets.token_urlsafe(12), self.model, req,
                                       self.session_capacity, self.limits.max_tree_nodes)
-        except BaseException:
+        except BaseException as e:
             self.opening -= 1
+            if isinstance(e, asyncio.CancelledError):   # aiohttp cancels the handler when its client goes
+                self.metrics.sessions_abandoned += 1
             raise
         known = self.open_ids.get(req.open_id) if req.open_id is not None else None
         if known is not None and known.next_round == 0:     # the same open twice at once: the first wins
