@@ -172,7 +172,9 @@ def test_reused_every_iteration_when_the_draft_is_the_target(pair, mode, params)
     assert got == ref
     a = stats.ahead
     print(f"{mode}: {stats.iterations} iterations, {stats.to_json(len(got))['draft_ahead']}")
-    assert a.reused_iterations == stats.iterations - 1
+    # a tree with no draft node (the last iteration, when one token is left) has nothing to reuse
+    assert a.reused_iterations == sum(1 for n in stats.tree_sizes[1:] if n > 0)
+    assert a.reused_iterations >= stats.iterations - 2
     assert a.reused_nodes > a.reused_iterations            # deeper than the root
     assert 0.0 <= a.hidden_share <= 1.0 and a.drafting_s > 0
 

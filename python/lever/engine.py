@@ -6,7 +6,9 @@ tree under the root with the drafter (`policy.grow`, lever.draft.base), runs
 the target once over [root + draft nodes] with the tree mask, applies the
 exact acceptance rule, compacts the target cache to root + accepted path,
 tells the drafter (`commit`) and the policy (`observe`), and emits the
-accepted tokens plus the target's own next token.
+accepted tokens plus the target's own next token.  The policy is told the
+room left (`max_new_tokens` minus the tokens emitted, minus the target's
+own token): it grows no node deeper, since no deeper one could be emitted.
 
 The mode names the policy (`SpecConfig.tree_policy`): "ar" no draft, "chain"
 a chain, "tree" a static best-first tree (lever.draft.policies), "lever" the
@@ -235,7 +237,8 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
         while True:
             t0, busy0 = time.perf_counter(), verifier.io_busy_s()
             reused0 = drafter.reused_ahead if ahead else 0
-            grown = policy.grow(drafter, root, params, seed)
+            room = max_new_tokens - len(result.token_ids) - 1    # draft tokens the generation can still use
+            grown = policy.grow(drafter, root, params, seed, room=room)
             tree = grown.tree
             t1, busy1 = time.perf_counter(), verifier.io_busy_s()
             if ahead:

@@ -1,7 +1,7 @@
 """The drafting interface: one drafter primitive (expand tree nodes into their
 top children) and the tree policies that grow a tree with it.
 
-    policy.grow(drafter, root, params, seed) -> Grown     # begin_tree, expand..., [use_tree]
+    policy.grow(drafter, root, params, seed, room) -> Grown     # begin_tree, expand..., [use_tree]
     verifier.verify(grown.tree, grown.draft_probs)
     drafter.commit(tree, accepted, next_token)
     policy.observe(grown, accepted, verify_s, iteration_s)
@@ -129,6 +129,15 @@ class AheadDrafter(Drafter, Protocol):
         ahead costs no forward.  Returns the nodes forwarded (0: nothing left)."""
 
 
+def within(depth: int, room: int | None) -> int:
+    """The deepest draft node a policy may grow (tokens past the root): its own
+    `depth`, capped by `room`, the draft tokens the generation can still use
+    (None: no cap).  An iteration emits the accepted path plus the target's
+    own token, so with r tokens left to generate a node deeper than r - 1
+    can never be emitted: drafting it and verifying it is wasted work."""
+    return depth if room is None else max(0, min(depth, room))
+
+
 @dataclass
 class Grown:
     """One tree grown by a policy, for one verification.
@@ -152,8 +161,11 @@ class TreePolicy(Protocol):
     max_depth: int        # deepest draft node
 
     def grow(self, drafter: Drafter | None, root: int, params: SamplingParams = SamplingParams(),
-             seed: int | None = None) -> Grown:
-        """A tree under `root` (drafter: None only for a policy that never drafts)."""
+             seed: int | None = None, room: int | None = None) -> Grown:
+        """A tree under `root` (drafter: None only for a policy that never drafts).
+        room: draft tokens the generation can still use (max_new_tokens minus
+        the tokens emitted, minus the target's own next token); no node is
+        deeper (`within`).  None: no cap."""
 
     def observe(self, grown: Grown, accepted: list[int], verify_s: float, iteration_s: float) -> None:
         """Learn from one verification: the accepted nodes of `grown.tree`, the

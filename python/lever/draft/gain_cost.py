@@ -35,7 +35,7 @@ from .. import _native
 from ..errors import LeverError
 from ..sampling import SamplingParams
 from ..cost.drift import CostDrift
-from .base import NO_TOKEN, Drafter, Grown
+from .base import NO_TOKEN, Drafter, Grown, within
 from .calibration import AcceptanceCalibration
 
 CORRECTION_RATE = 0.2          # weight of the newest realised/predicted ratio (in log space)
@@ -131,24 +131,28 @@ class GainCostPolicy:
         the cost model's curve with the online drift correction per n-range."""
         return self.drift.corrected(self._verify_s) if self.adapt else self._verify_s
 
-    def grower(self) -> "_native.TreeGrower":
+    def grower(self, max_depth: int | None = None) -> "_native.TreeGrower":
+        """A native grower over the current cost curves; max_depth: deepest node
+        (default: the policy's own)."""
         return _native.TreeGrower(self.verify_curve(), self._draft_s * self.draft_factor,
-                                  self._overhead_s, self.max_nodes, self.max_depth,
+                                  self._overhead_s, self.max_nodes,
+                                  self.max_depth if max_depth is None else max_depth,
                                   hidden_draft_s=self._hidden_draft_s)
 
     def grow(self, drafter: Drafter, root: int, params: SamplingParams = SamplingParams(),
-             seed: int | None = None) -> Grown:
+             seed: int | None = None, room: int | None = None) -> Grown:
         """Grow a tree under `root` with `drafter` (one with draft probabilities,
         `has_probabilities`).  params, seed: the sequence's sampling, so that
-        the draft's rank-0 child is its own position-keyed draw.  The grown
-        tree's `prediction` is a `Prediction`."""
+        the draft's rank-0 child is its own position-keyed draw.  room: draft
+        tokens the generation can still use (lever.draft.base.within; None: no
+        cap).  The grown tree's `prediction` is a `Prediction`."""
         if not drafter.has_probabilities:
             raise LeverError("mode lever needs a draft model (prompt lookup has no probabilities to calibrate)")
         if getattr(self.cost, "revision", None) != self._cost_revision:
             self._read_cost()
         elif self.pruning is not None and abs(self.pruning.survive - self._survive) > self.SURVIVE_STEP:
             self._read_curves()
-        grower = self.grower()
+        grower = self.grower(within(self.max_depth, room))
         t_grow = time.perf_counter()
         drafter.begin_tree()
         grower.begin(root, self.calibration.child_accept(self.max_depth, self.topk),

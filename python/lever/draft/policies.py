@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import LeverError
 from ..sampling import SamplingParams
 from ..tree import TokenTree
-from .base import NO_TOKEN, Drafter, Grown, TreeShape
+from .base import NO_TOKEN, Drafter, Grown, TreeShape, within
 
 
 class StaticPolicy:
@@ -32,7 +32,7 @@ class NoDraft(StaticPolicy):
     """Mode ar: no draft nodes; the target decodes one token per pass."""
 
     def grow(self, drafter: Drafter | None, root: int, params: SamplingParams = SamplingParams(),
-             seed: int | None = None) -> Grown:
+             seed: int | None = None, room: int | None = None) -> Grown:
         return Grown(TokenTree(root))
 
 
@@ -54,12 +54,12 @@ class ChainPolicy(StaticPolicy):
         self.max_nodes = self.max_depth = k
 
     def grow(self, drafter: Drafter, root: int, params: SamplingParams = SamplingParams(),
-             seed: int | None = None) -> Grown:
+             seed: int | None = None, room: int | None = None) -> Grown:
         with_probs = self.rule == "leviathan" and not params.greedy
         drafter.begin_tree()
         tree = TokenTree(root)
         probs = []
-        for node in range(self.k):
+        for node in range(within(self.k, room)):
             e = drafter.expand(tree, [node], 1, params, seed, with_probs=with_probs)
             token = int(e.tokens[0, 0])
             if token == NO_TOKEN:
@@ -96,14 +96,14 @@ class StaticTreePolicy(StaticPolicy):
         self.max_nodes, self.max_depth = shape.budget, shape.depth
 
     def grow(self, drafter: Drafter, root: int, params: SamplingParams = SamplingParams(),
-             seed: int | None = None) -> Grown:
+             seed: int | None = None, room: int | None = None) -> Grown:
         shape = self.shape
         drafter.begin_tree()
         tree = TokenTree(root)
         priority = [0.0]                                          # per tree node
         candidates: list[tuple[float, int, int, float]] = []    # (-priority, parent, token, logprob)
         lo = 0
-        for _ in range(shape.depth):
+        for _ in range(within(shape.depth, room)):
             hi = len(tree)
             nodes = list(range(lo, hi))
             e = drafter.expand(tree, nodes, shape.topk, params, seed)
