@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -332,3 +333,50 @@ def test_policy_grows_larger_trees_when_io_bound():
         rep = policy.report()
         assert rep["iterations"] == 1 and rep["tree_size"]["max"] == sizes[io] - 1
     assert sizes[0.0] < sizes[0.5] < sizes[2.0], sizes
+
+
+class SlowTableDrafter(TableDrafter):
+    """A TableDrafter whose every forward takes `forward_s` seconds (the target idles)."""
+
+    def __init__(self, universe: Universe, q_of, forward_s: float):
+        super().__init__(universe, q_of)
+        self.forward_s = forward_s
+
+    def expand(self, pool, nodes, topk, params=None, seed=None, with_probs=False):
+        time.sleep(self.forward_s)
+        return super().expand(pool, nodes, topk, params, seed, with_probs)
+
+
+def test_a_pass_the_drafts_reads_sped_up_is_not_drift():
+    """A pass is held against the profile's pass after this tree's drafting,
+    verify(n) - min(drafted seconds, credit(n)): passes exactly that fast refit
+    nothing (held against verify(n) alone they would look 17 % fast and
+    the credit would count twice); passes 1.5x slower scale both curves the
+    grower prices a pass with, verify and credit, by 1.5."""
+    rng = np.random.default_rng(3)
+    universe = Universe(rng, width=4, depth=8)
+    credit = 0.05
+    costs = CostCurves(tuple(0.3 + 0.004 * np.arange(1, 257)), tuple(0.01 + 0.0002 * np.arange(1, 257)),
+                       hidden_s=credit, spread=0.01)
+    policy = GainCostPolicy(costs, max_nodes=31, max_depth=8, topk=4)
+    q_of = lambda k: max(universe.accept[k], 1e-6)                            # noqa: E731
+
+    def iterate(slower: float) -> int:
+        grown = policy.grow(SlowTableDrafter(universe, q_of, forward_s=0.03), root=3)
+        p, n = grown.prediction, len(grown.tree)
+        drafted = p.forward_s + p.grow_s
+        assert drafted > credit                                               # the whole credit is used
+        after_gap = costs.verify_curve[n - 1] - credit
+        policy.observe(grown, [], verify_s=slower * after_gap, iteration_s=drafted + slower * after_gap)
+        return n
+
+    sizes = [iterate(1.0) for _ in range(6)]
+    assert policy.drift.refits == 0 and np.all(policy.drift.factors() == 1.0)
+    assert np.allclose(policy.hidden_curve(), credit)
+    sizes += [iterate(1.5) for _ in range(6)]
+    assert policy.drift.refits >= 1
+    n = sizes[-1]
+    factor = policy.drift.factors()[n - 1]
+    assert factor == pytest.approx(1.5, rel=0.02)
+    assert policy.hidden_curve()[n - 1] == pytest.approx(credit * factor)
+    assert policy.verify_curve()[n - 1] == pytest.approx(costs.verify_curve[n - 1] * factor)

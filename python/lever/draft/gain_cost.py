@@ -21,6 +21,15 @@ against the prediction per range of tree sizes (`lever.cost.drift.CostDrift`:
 a range's correction is refitted when it drifts beyond the profile's
 measurement spread); the draft curve and the per-iteration host work follow
 a running ratio / mean.
+
+The prediction a pass is held against is the pass *after* this tree's
+drafting: verify(n) - min(D, credit(n)), D the realised seconds of the
+drafting before it, since the reads the ring did meanwhile are not waited
+for again.  Its correction then scales both curves the grower prices a pass
+with (verify and credit), so realised and predicted iterations agree: held
+against the back-to-back pass alone, a pass that the draft's reads sped up
+would look cheaper than the profile says, and the credit would be counted
+twice (the tree grown too large for what it costs).
 """
 
 from __future__ import annotations
@@ -131,13 +140,20 @@ class GainCostPolicy:
         the cost model's curve with the online drift correction per n-range."""
         return self.drift.corrected(self._verify_s) if self.adapt else self._verify_s
 
+    def hidden_curve(self) -> np.ndarray:
+        """Predicted draft seconds the ring hides before a pass over n = 1..max_nodes+1
+        tree tokens: the cost model's credit times the pass's drift factor."""
+        if not self.adapt:
+            return self._hidden_draft_s
+        return self._hidden_draft_s * self.drift.factors()[:len(self._hidden_draft_s)]
+
     def grower(self, max_depth: int | None = None) -> "_native.TreeGrower":
         """A native grower over the current cost curves; max_depth: deepest node
         (default: the policy's own)."""
         return _native.TreeGrower(self.verify_curve(), self._draft_s * self.draft_factor,
                                   self._overhead_s, self.max_nodes,
                                   self.max_depth if max_depth is None else max_depth,
-                                  hidden_draft_s=self._hidden_draft_s)
+                                  hidden_draft_s=self.hidden_curve())
 
     def grow(self, drafter: Drafter, root: int, params: SamplingParams = SamplingParams(),
              seed: int | None = None, room: int | None = None) -> Grown:
@@ -196,8 +212,10 @@ class GainCostPolicy:
             self.calibration.update(p.q[idx], tree.depths()[idx], p.rank[idx],
                                     np.array([c in accepted_set for c in trials]))
         if self.adapt:
-            n = len(tree)
-            self.drift.observe(n, float(self._verify_s[min(n, len(self._verify_s)) - 1]), verify_s)
+            n = min(len(tree), len(self._verify_s))
+            drafted_s = p.forward_s + p.grow_s               # the target idle, the ring reading
+            after_gap = self._verify_s[n - 1] - min(drafted_s, self._hidden_draft_s[n - 1])
+            self.drift.observe(n, float(after_gap), verify_s)
             if p.predicted_draft_s > 0 and p.forward_s > 0:
                 self.draft_factor = _blend(self.draft_factor, p.forward_s, p.predicted_draft_s)
             rest = iteration_s - verify_s - p.forward_s      # host work, commit's catch-up forward
