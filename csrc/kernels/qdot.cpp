@@ -163,4 +163,19 @@ DotTileFn dot_tile_kernel(int type, Isa isa) {
   return k->tile[static_cast<int>(isa)];
 }
 
+const PreparedKernels* prepared_kernels(int type, Isa isa) {
+  if (isa == Isa::kAuto) isa = best_isa();
+  if (isa != Isa::kAvx512 || !isa_available(isa)) return nullptr;
+#if defined(__x86_64__)
+  switch (type) {
+    case kTypeQ8_0: return &qdot::kQ8_0Avx512Prepared;
+    case kTypeQ5_0: return &qdot::kQ5_0Avx512Prepared;
+    case kTypeQ4_0: return &qdot::kQ4_0Avx512Prepared;
+    default: break;
+  }
+#endif
+  (void)type;
+  return nullptr;
+}
+
 }  // namespace lever

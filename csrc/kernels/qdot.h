@@ -72,6 +72,18 @@ using DotTileFn = void (*)(const uint8_t* w, size_t w_stride, int n_w, const uin
                            size_t x_stride, int n_x, size_t n_blocks, float* out,
                            size_t out_stride);
 
+// Kernels that read the activations in a layout of their own ("prepared
+// rows"), made from ActQ8_32 rows once per matmul so that the work each
+// activation block needs before its dot products (done once per weight row
+// otherwise) is done once. Their results are bit-identical to the DotRowsFn
+// of the same type and Isa.
+struct PreparedKernels {
+  size_t (*row_bytes)(size_t n_blocks);                     // bytes of one prepared row
+  void (*prepare)(const uint8_t* x, size_t n_blocks, uint8_t* out);  // one ActQ8_32 row
+  DotRowsFn rows;  // as DotRowsFn, x: prepared rows (64-byte aligned)
+  DotTileFn tile;  // as DotTileFn, x: prepared rows
+};
+
 // Instruction sets a kernel can be built for. kAuto picks the best the
 // running CPU supports. x86-64: AVX2, AVX-512. aarch64: kNeon (baseline
 // ASIMD, every aarch64 CPU), kDotprod (armv8.2-a sdot/udot), kI8mm (dotprod
@@ -114,6 +126,10 @@ DotRowsFn dot_rows_kernel(int type, Isa isa);
 // nullptr if there is none (then use dot_rows_kernel).
 DotTileFn dot_tile_kernel(int type, Isa isa);
 
+// The prepared-row kernels for weight `type` built for `isa` (kAuto =
+// best_isa()); nullptr if there are none (then use dot_rows_kernel).
+const PreparedKernels* prepared_kernels(int type, Isa isa);
+
 // Per-type kernels, one set per Isa (defined in qdot_kquants.cpp and
 // qdot_blocks32.cpp: Q8_0, Q5_0, Q4_0, Q4_1; the aarch64 ones in
 // qdot_kquants_neon.cpp and qdot_blocks32_neon.cpp). The AVX2 / AVX-512
@@ -151,6 +167,7 @@ void q4_0_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, 
                       size_t);
 void q4_1_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
                       size_t);
+extern const PreparedKernels kQ8_0Avx512Prepared, kQ5_0Avx512Prepared, kQ4_0Avx512Prepared;
 #endif
 #if defined(__aarch64__)
 #define LEVER_DECLARE_NEON(type)                                                              \

@@ -26,6 +26,10 @@
 //     (x + 128, an xor with 0x80) and the excess 128 * sum(w') is removed by
 //     starting the accumulation from -128 * sum(w'), computed once per weight
 //     block pair and shared by all rows. (Q4_1's w' = q4 is unsigned already.)
+//   - AVX-512 on prepared rows (PreparedKernels in qdot.h; Q8_0, Q5_0, Q4_0):
+//     the activation side of the AVX-512 step (x + 128 of a block pair and
+//     their d_x spread over the lanes) is computed once per matmul instead of
+//     once per weight row; the arithmetic is the AVX-512 path's, bit for bit.
 // In all paths a weight block is unpacked once and used for all n_x rows; each
 // row keeps a vector of fp32 partial sums that is reduced only at the end.
 
@@ -501,6 +505,110 @@ LEVER_AVX512 void dispatch_avx512(const uint8_t* w, const uint8_t* x, size_t x_s
   }
 }
 
+// ---------------------------------------------------------------------------
+// AVX-512 on prepared activations (see PreparedKernels in qdot.h). Per block
+// pair, a prepared row holds what step_avx512 builds from two ActQ8_32 blocks
+// for every weight row: the 64 bytes x + 128 (block b, then b + 1) and the 16
+// lanes of d_x (8 of block b, 8 of b + 1); a last odd block has 128 (x = 0)
+// and d_x of that block in its upper half, as step_avx512's single-block step.
+// Making them once per matmul leaves two aligned loads per activation row and
+// block pair; the integer and float steps per (weight row, activation row) are
+// those of step_avx512, in the same order.
+
+constexpr size_t kPairBytes = 128;  // bytes of one block pair in a prepared row
+
+size_t prepared_bytes_avx512(size_t n_blocks) { return (n_blocks + 1) / 2 * kPairBytes; }
+
+LEVER_AVX512 void prepare_avx512(const uint8_t* x, size_t n_blocks, uint8_t* out) {
+  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (size_t b = 0; b < n_blocks; b += 2, out += kPairBytes) {
+    const uint8_t* x0 = x + b * kActBytes;
+    const uint8_t* x1 = x0 + kActBytes;
+    const bool pair = b + 1 < n_blocks;
+    __m512i xv = _mm512_zextsi256_si512(load256(x0 + kActQs));
+    __m512 dx = _mm512_set1_ps(load_f32(x0 + kActD));
+    if (pair) {
+      xv = _mm512_mask_broadcast_i64x4(xv, 0xF0, load256(x1 + kActQs));
+      dx = _mm512_mask_broadcastss_ps(dx, 0xFF00, _mm_set_ss(load_f32(x1 + kActD)));
+    }
+    _mm512_storeu_si512(out, _mm512_xor_si512(xv, k128));
+    _mm512_storeu_ps(out + 64, dx);
+  }
+}
+
+// step_avx512 with the activations of pair b / 2 read from prepared rows.
+template <class T, int NW, int NX, bool kPair>
+LEVER_AVX512 inline void step_prepared(const uint8_t* w, size_t w_stride, size_t b,
+                                       const uint8_t* x, size_t x_stride, __m512 (*acc)[NX]) {
+  static_assert(!T::kMin, "prepared rows carry no x.sum");
+  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i wq[NW], base[NW];
+  __m512 dw[NW];
+#pragma GCC unroll 4
+  for (int c = 0; c < NW; ++c) {
+    const uint8_t* blk = w + c * w_stride + b * T::kBytes;
+    wq[c] = T::unpack(blk, kPair);
+    dw[c] = pair_halves<kPair>(blk, blk + T::kBytes);
+    base[c] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k128, wq[c]));
+  }
+  const size_t at = b / 2 * kPairBytes;
+#pragma GCC unroll 16
+  for (int r = 0; r < NX; ++r) {
+    const uint8_t* xp = x + r * x_stride + at;
+    const __m512i xu = _mm512_loadu_si512(xp);
+    const __m512 dx = _mm512_loadu_ps(xp + 64);
+#pragma GCC unroll 4
+    for (int c = 0; c < NW; ++c) {
+      const __m512i isum = _mm512_dpbusd_epi32(base[c], xu, wq[c]);
+      acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[c], dx), acc[c][r]);
+    }
+  }
+}
+
+// tile_avx512 on prepared rows.
+template <class T, int NW, int NX>
+LEVER_AVX512 void tile_prepared(const uint8_t* w, size_t w_stride, const uint8_t* x,
+                                size_t x_stride, size_t n_blocks, float* out, size_t out_stride) {
+  __m512 acc[NW][NX];
+#pragma GCC unroll 4
+  for (int c = 0; c < NW; ++c) {
+#pragma GCC unroll 16
+    for (int r = 0; r < NX; ++r) acc[c][r] = _mm512_setzero_ps();
+  }
+  size_t b = 0;
+  for (; b + 2 <= n_blocks; b += 2) step_prepared<T, NW, NX, true>(w, w_stride, b, x, x_stride, acc);
+  if (b < n_blocks) step_prepared<T, NW, NX, false>(w, w_stride, b, x, x_stride, acc);
+#pragma GCC unroll 16
+  for (int r = 0; r < NX; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < NW; ++c) out[r * out_stride + c] = _mm512_reduce_add_ps(acc[c][r]);
+  }
+}
+
+template <class T>
+struct TilePrepared {
+  static constexpr int kTW = 2, kTX = 8;
+  template <int NW, int NX>
+  static void run(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t x_stride,
+                  size_t n_blocks, float* out, size_t out_stride) {
+    tile_prepared<T, NW, NX>(w, w_stride, x, x_stride, n_blocks, out, out_stride);
+  }
+};
+
+template <class T>
+void rows_prepared(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                   float* out) {
+  tile_detail::run_tile<TilePrepared<T>>(w, 0, 1, x, x_stride, n_x, n_blocks, out, 1);
+}
+
+template <class T>
+void tiles_prepared(const uint8_t* w, size_t w_stride, int n_w, const uint8_t* x,
+                    size_t x_stride, int n_x, size_t n_blocks, float* out, size_t out_stride) {
+  tile_detail::run_tile<TilePrepared<T>>(w, w_stride, n_w, x, x_stride, n_x, n_blocks, out,
+                                         out_stride);
+}
+
 }  // namespace
 
 LEVER_AVX2 void q8_0_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
@@ -566,6 +674,16 @@ void q4_1_avx512_tile(const uint8_t* w, size_t w_stride, int n_w, const uint8_t*
   tile_detail::run_tile<TileAvx512<Q4_1Avx512>>(w, w_stride, n_w, x, x_stride, n_x, n_blocks, out,
                                           out_stride);
 }
+
+const PreparedKernels kQ8_0Avx512Prepared = {prepared_bytes_avx512, prepare_avx512,
+                                             rows_prepared<Q8_0Avx512>,
+                                             tiles_prepared<Q8_0Avx512>};
+const PreparedKernels kQ5_0Avx512Prepared = {prepared_bytes_avx512, prepare_avx512,
+                                             rows_prepared<Q5_0Avx512>,
+                                             tiles_prepared<Q5_0Avx512>};
+const PreparedKernels kQ4_0Avx512Prepared = {prepared_bytes_avx512, prepare_avx512,
+                                             rows_prepared<Q4_0Avx512>,
+                                             tiles_prepared<Q4_0Avx512>};
 
 #undef LEVER_AVX2
 #undef LEVER_AVX512

@@ -6,8 +6,11 @@
 //    tile kernel and M >= kTileMinRows, it is called for tiles of up to
 //    kMaxTileW weight rows x kMaxTileX activation rows; otherwise, for each
 //    tile of up to kMaxDotRows activation rows, the dot kernel is called once
-//    per weight row. Either way a (weight row, activation row) result is
-//    bit-identical whatever M, N and the tiling are (see qdot.h).
+//    per weight row. Where the type and Isa have prepared-row kernels
+//    (PreparedKernels in qdot.h: the 32-value block types on AVX-512), the
+//    quantised rows are first converted to their layout, once per call.
+//    Either way a (weight row, activation row) result is bit-identical
+//    whatever M, N and the tiling are (see qdot.h).
 
 #include "kernels/qmatmul.h"
 
@@ -33,7 +36,13 @@ constexpr size_t kTileMinRows = 32;
 // -- activation quantisation --------------------------------------------------
 
 // Round-to-nearest of v in [-127, 127] (ties away from zero).
-inline int8_t round_q(float v) { return static_cast<int8_t>(std::lround(v)); }
+// Same result as std::lround (a library call that does not vectorise): v - t is
+// exact (t = v truncated, |v| <= 127), so the tie test is exact too.
+inline int8_t round_q(float v) {
+  const int t = static_cast<int>(v);
+  const float frac = v - static_cast<float>(t);
+  return static_cast<int8_t>(t + (frac >= 0.5f ? 1 : 0) - (frac <= -0.5f ? 1 : 0));
+}
 
 // Scale d = max|x| / 127 of n values and its inverse (0 for an all-zero block).
 inline void block_scale(const float* x, int n, float* d, float* inv_d) {
@@ -81,6 +90,12 @@ uint8_t* aligned_64(std::vector<uint8_t>& buf, size_t n) {
 // Quantised activation rows: a 64-byte aligned buffer of at least n bytes,
 // reused between calls of one thread.
 uint8_t* act_scratch(size_t n) {
+  thread_local std::vector<uint8_t> buf;
+  return aligned_64(buf, n);
+}
+
+// Prepared activation rows (see PreparedKernels), likewise.
+uint8_t* prepared_scratch(size_t n) {
   thread_local std::vector<uint8_t> buf;
   return aligned_64(buf, n);
 }
@@ -192,7 +207,17 @@ void dot_quantized_rows(const uint8_t* xq, size_t a_row_bytes, size_t M, size_t 
   // The tile kernels only pay off from a few dozen activation rows up (for
   // fewer, streaming the weights row by row measured faster, in particular
   // from DRAM at M = 1); the results are the same either way.
-  const DotTileFn tile = M >= kTileMinRows ? dot_tile_kernel(type, isa) : nullptr;
+  DotTileFn tile = M >= kTileMinRows ? dot_tile_kernel(type, isa) : nullptr;
+  // Kernels on prepared rows: the rows are converted once here.
+  if (const PreparedKernels* prep = prepared_kernels(type, isa)) {
+    const size_t p_row_bytes = prep->row_bytes(n_blocks);
+    uint8_t* const xp = prepared_scratch(M * p_row_bytes);
+    for (size_t m = 0; m < M; ++m) prep->prepare(xq + m * a_row_bytes, n_blocks, xp + m * p_row_bytes);
+    xq = xp;
+    a_row_bytes = p_row_bytes;
+    dot = prep->rows;
+    if (tile != nullptr) tile = prep->tile;
+  }
   auto store = [&](size_t m, size_t n, float v) {
     const size_t at = m * y_stride + n;
     if (y_type == ElemType::kF32) {

@@ -6,12 +6,15 @@
 //    n_x 1..16; the cells outside the tile must stay untouched.
 //  - blocks32_neon_quant_matmul_matches_scalar: quant_matmul, M in {1, 4, 16,
 //    64, 256} (64 and 256 go through the tile kernels).
+//  - blocks32_prepared_match_row_kernels: the prepared-row kernels (x86-64
+//    AVX-512) against the row kernels of the same Isa.
 // Each over n_blocks in {1, 2, 3, 28} and several weight-row offsets (the
 // weight rows are packed blocks at any byte address). Weights are random
 // bytes with finite small fp16 scales / offsets (zero and subnormal
 // included); activations are random rows quantised by quantize_activation_row.
 // On other architectures there is nothing to compare: the tests say so and
 // check only that the scalar kernels exist and agree with quant_matmul.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -244,4 +247,80 @@ TEST(blocks32_neon_quant_matmul_matches_scalar) {
     }
   }
   NOTE(compared << " quant_matmul results compared bitwise");
+}
+
+// The prepared-row kernels (PreparedKernels, qdot.h; on x86-64 the AVX-512
+// Q8_0 / Q5_0 / Q4_0 kernels) against the row kernels of the same type and
+// Isa, bit for bit: rows for n_x = 1..8 and 11, tiles for every n_w 1..4 x
+// n_x 1..16 (cells outside the tile untouched), each from activation rows
+// converted by prepare() into 64-byte aligned prepared rows.
+TEST(blocks32_prepared_match_row_kernels) {
+  lever_test::Rng rng(0x9E9A);
+  long compared = 0;
+  std::string ran;
+  for (const BlockType& t : kBlockTypes) {
+    for (Isa isa : kAllIsas) {
+      if (!isa_available(isa)) continue;
+      const PreparedKernels* prep = prepared_kernels(t.type, isa);
+      if (prep == nullptr) continue;
+      ran += std::string(" ") + t.name + "/" + isa_name(isa);
+      const DotRowsFn rows = dot_rows_kernel(t.type, isa);
+      REQUIRE(rows != nullptr && prep->rows != nullptr && prep->tile != nullptr);
+      for (size_t n_blocks : kBlockCounts) {
+        const size_t w_row = n_blocks * t.block_bytes;
+        const size_t x_stride = act_row_bytes(t.type, 32 * n_blocks);
+        const std::vector<uint8_t> w = random_weights(rng, t, 7, n_blocks, 5);
+        const std::vector<uint8_t> x = random_activations(rng, t.type, kMaxTileX, n_blocks, x_stride);
+        const size_t p_stride = prep->row_bytes(n_blocks);
+        REQUIRE(p_stride % 64 == 0);
+        std::vector<uint8_t> p_buf(kMaxTileX * p_stride + 64);
+        uint8_t* const xp = p_buf.data() + (64 - reinterpret_cast<uintptr_t>(p_buf.data()) % 64) % 64;
+        for (int r = 0; r < kMaxTileX; ++r) {
+          prep->prepare(x.data() + r * x_stride, n_blocks, xp + r * p_stride);
+        }
+        for (size_t w_row_index : {0, 2}) {
+          const uint8_t* w0 = w.data() + 5 + w_row_index * w_row;
+          float want[kMaxTileX][kMaxTileW];
+          for (int c = 0; c < kMaxTileW; ++c) {
+            for (int r0 = 0; r0 < kMaxTileX; r0 += kMaxDotRows) {
+              float col[kMaxDotRows];
+              rows(w0 + c * w_row, x.data() + r0 * x_stride, x_stride, kMaxDotRows, n_blocks, col);
+              for (int r = 0; r < kMaxDotRows; ++r) want[r0 + r][c] = col[r];
+            }
+          }
+          for (int n_x : {1, 2, 3, 4, 5, 6, 7, 8, 11}) {
+            float got[16];
+            prep->rows(w0, xp, p_stride, n_x, n_blocks, got);
+            ++compared;
+            bool same = true;
+            for (int r = 0; r < n_x; ++r) same = same && lever_test::same_bits(got[r], want[r][0]);
+            CHECK_MSG(same, t.name << " " << isa_name(isa) << " prepared rows n_blocks="
+                                   << n_blocks << " n_x=" << n_x);
+          }
+          for (int n_w = 1; n_w <= kMaxTileW; ++n_w) {
+            for (int n_x = 1; n_x <= kMaxTileX; ++n_x) {
+              constexpr size_t kStride = kMaxTileW + 2;
+              const float sentinel = -12345.5f;
+              float out[kMaxTileX * kStride];
+              for (float& v : out) v = sentinel;
+              prep->tile(w0, w_row, n_w, xp, p_stride, n_x, n_blocks, out, kStride);
+              ++compared;
+              bool ok = true;
+              for (int r = 0; r < kMaxTileX; ++r) {
+                for (int c = 0; c < static_cast<int>(kStride); ++c) {
+                  const float v = out[r * kStride + c];
+                  ok = ok && (r < n_x && c < n_w ? lever_test::same_bits(v, want[r][c])
+                                                 : lever_test::same_bits(v, sentinel));
+                }
+              }
+              CHECK_MSG(ok, t.name << " " << isa_name(isa) << " prepared tile n_blocks=" << n_blocks
+                                   << " n_w=" << n_w << " n_x=" << n_x);
+            }
+          }
+        }
+      }
+    }
+  }
+  NOTE("prepared kernels:" << (ran.empty() ? " none on this CPU" : ran) << "; " << compared
+                           << " calls compared bitwise");
 }
