@@ -444,67 +444,6 @@ LEVER_AVX512 inline void step_avx512(const uint8_t* w, size_t w_stride, size_t b
   }
 }
 
-// out[r * out_stride + c] for NW weight rows x NX activation rows.
-template <class T, int NW, int NX>
-LEVER_AVX512 void tile_avx512(const uint8_t* w, size_t w_stride, const uint8_t* x,
-                              size_t x_stride, size_t n_blocks, float* out, size_t out_stride) {
-  __m512 acc[NW][NX];
-#pragma GCC unroll 4
-  for (int c = 0; c < NW; ++c) {
-#pragma GCC unroll 16
-    for (int r = 0; r < NX; ++r) acc[c][r] = _mm512_setzero_ps();
-  }
-  size_t b = 0;
-  for (; b + 2 <= n_blocks; b += 2) step_avx512<T, NW, NX, true>(w, w_stride, b, x, x_stride, acc);
-  if (b < n_blocks) step_avx512<T, NW, NX, false>(w, w_stride, b, x, x_stride, acc);
-#pragma GCC unroll 16
-  for (int r = 0; r < NX; ++r) {
-#pragma GCC unroll 4
-    for (int c = 0; c < NW; ++c) out[r * out_stride + c] = _mm512_reduce_add_ps(acc[c][r]);
-  }
-}
-
-template <class T, int NX>
-LEVER_AVX512 void dot_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, size_t n_blocks,
-                             float* out) {
-  tile_avx512<T, 1, NX>(w, 0, x, x_stride, n_blocks, out, 1);
-}
-
-// Sub-tile shape (measured on Zen 5): 2 weight rows x 8 activation rows
-// (16 accumulators, 6 registers of unpacked weights). 4 x 4 spills; 1 x 16
-// reloads each activation block for every weight row.
-template <class T>
-struct TileAvx512 {
-  static constexpr int kTW = 2, kTX = 8;
-  template <int NW, int NX>
-  static void run(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t x_stride,
-                  size_t n_blocks, float* out, size_t out_stride) {
-    tile_avx512<T, NW, NX>(w, w_stride, x, x_stride, n_blocks, out, out_stride);
-  }
-};
-
-template <class T>
-LEVER_AVX512 void dispatch_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
-                                  size_t n_blocks, float* out) {
-  static_assert(kMaxDotRows == 8, "one case per row count below");
-  switch (n_x) {
-    case 1: return dot_avx512<T, 1>(w, x, x_stride, n_blocks, out);
-    case 2: return dot_avx512<T, 2>(w, x, x_stride, n_blocks, out);
-    case 3: return dot_avx512<T, 3>(w, x, x_stride, n_blocks, out);
-    case 4: return dot_avx512<T, 4>(w, x, x_stride, n_blocks, out);
-    case 5: return dot_avx512<T, 5>(w, x, x_stride, n_blocks, out);
-    case 6: return dot_avx512<T, 6>(w, x, x_stride, n_blocks, out);
-    case 7: return dot_avx512<T, 7>(w, x, x_stride, n_blocks, out);
-    case 8: return dot_avx512<T, 8>(w, x, x_stride, n_blocks, out);
-    default: break;
-  }
-  // More than kMaxDotRows rows (not expected): 8 now, the rest recursively.
-  if (n_x > 8) {
-    dot_avx512<T, 8>(w, x, x_stride, n_blocks, out);
-    dispatch_avx512<T>(w, x + 8 * x_stride, x_stride, n_x - 8, n_blocks, out + 8);
-  }
-}
-
 // ---------------------------------------------------------------------------
 // AVX-512 on prepared activations (see PreparedKernels in qdot.h). Per block
 // pair, a prepared row holds what step_avx512 builds from two ActQ8_32 blocks
@@ -566,10 +505,11 @@ LEVER_AVX512 inline void step_prepared(const uint8_t* w, size_t w_stride, size_t
   }
 }
 
-// tile_avx512 on prepared rows.
-template <class T, int NW, int NX>
-LEVER_AVX512 void tile_prepared(const uint8_t* w, size_t w_stride, const uint8_t* x,
-                                size_t x_stride, size_t n_blocks, float* out, size_t out_stride) {
+// out[r * out_stride + c] for NW weight rows x NX activation rows; x: ActQ8_32
+// rows, or prepared rows (kPrepared).
+template <class T, int NW, int NX, bool kPrepared = false>
+LEVER_AVX512 void tile_avx512(const uint8_t* w, size_t w_stride, const uint8_t* x,
+                              size_t x_stride, size_t n_blocks, float* out, size_t out_stride) {
   __m512 acc[NW][NX];
 #pragma GCC unroll 4
   for (int c = 0; c < NW; ++c) {
@@ -577,8 +517,14 @@ LEVER_AVX512 void tile_prepared(const uint8_t* w, size_t w_stride, const uint8_t
     for (int r = 0; r < NX; ++r) acc[c][r] = _mm512_setzero_ps();
   }
   size_t b = 0;
-  for (; b + 2 <= n_blocks; b += 2) step_prepared<T, NW, NX, true>(w, w_stride, b, x, x_stride, acc);
-  if (b < n_blocks) step_prepared<T, NW, NX, false>(w, w_stride, b, x, x_stride, acc);
+  for (; b + 2 <= n_blocks; b += 2) {
+    if constexpr (kPrepared) step_prepared<T, NW, NX, true>(w, w_stride, b, x, x_stride, acc);
+    else step_avx512<T, NW, NX, true>(w, w_stride, b, x, x_stride, acc);
+  }
+  if (b < n_blocks) {
+    if constexpr (kPrepared) step_prepared<T, NW, NX, false>(w, w_stride, b, x, x_stride, acc);
+    else step_avx512<T, NW, NX, false>(w, w_stride, b, x, x_stride, acc);
+  }
 #pragma GCC unroll 16
   for (int r = 0; r < NX; ++r) {
 #pragma GCC unroll 4
@@ -586,26 +532,58 @@ LEVER_AVX512 void tile_prepared(const uint8_t* w, size_t w_stride, const uint8_t
   }
 }
 
-template <class T>
-struct TilePrepared {
+template <class T, int NX>
+LEVER_AVX512 void dot_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, size_t n_blocks,
+                             float* out) {
+  tile_avx512<T, 1, NX>(w, 0, x, x_stride, n_blocks, out, 1);
+}
+
+// Sub-tile shape (measured on Zen 5): 2 weight rows x 8 activation rows
+// (16 accumulators, 6 registers of unpacked weights). 4 x 4 spills; 1 x 16
+// reloads each activation block for every weight row.
+// (The same shape on prepared rows.)
+template <class T, bool kPrepared = false>
+struct TileAvx512 {
   static constexpr int kTW = 2, kTX = 8;
   template <int NW, int NX>
   static void run(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t x_stride,
                   size_t n_blocks, float* out, size_t out_stride) {
-    tile_prepared<T, NW, NX>(w, w_stride, x, x_stride, n_blocks, out, out_stride);
+    tile_avx512<T, NW, NX, kPrepared>(w, w_stride, x, x_stride, n_blocks, out, out_stride);
   }
 };
 
 template <class T>
+LEVER_AVX512 void dispatch_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                                  size_t n_blocks, float* out) {
+  static_assert(kMaxDotRows == 8, "one case per row count below");
+  switch (n_x) {
+    case 1: return dot_avx512<T, 1>(w, x, x_stride, n_blocks, out);
+    case 2: return dot_avx512<T, 2>(w, x, x_stride, n_blocks, out);
+    case 3: return dot_avx512<T, 3>(w, x, x_stride, n_blocks, out);
+    case 4: return dot_avx512<T, 4>(w, x, x_stride, n_blocks, out);
+    case 5: return dot_avx512<T, 5>(w, x, x_stride, n_blocks, out);
+    case 6: return dot_avx512<T, 6>(w, x, x_stride, n_blocks, out);
+    case 7: return dot_avx512<T, 7>(w, x, x_stride, n_blocks, out);
+    case 8: return dot_avx512<T, 8>(w, x, x_stride, n_blocks, out);
+    default: break;
+  }
+  // More than kMaxDotRows rows (not expected): 8 now, the rest recursively.
+  if (n_x > 8) {
+    dot_avx512<T, 8>(w, x, x_stride, n_blocks, out);
+    dispatch_avx512<T>(w, x + 8 * x_stride, x_stride, n_x - 8, n_blocks, out + 8);
+  }
+}
+
+template <class T>
 void rows_prepared(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                    float* out) {
-  tile_detail::run_tile<TilePrepared<T>>(w, 0, 1, x, x_stride, n_x, n_blocks, out, 1);
+  tile_detail::run_tile<TileAvx512<T, true>>(w, 0, 1, x, x_stride, n_x, n_blocks, out, 1);
 }
 
 template <class T>
 void tiles_prepared(const uint8_t* w, size_t w_stride, int n_w, const uint8_t* x,
                     size_t x_stride, int n_x, size_t n_blocks, float* out, size_t out_stride) {
-  tile_detail::run_tile<TilePrepared<T>>(w, w_stride, n_w, x, x_stride, n_x, n_blocks, out,
+  tile_detail::run_tile<TileAvx512<T, true>>(w, w_stride, n_w, x, x_stride, n_x, n_blocks, out,
                                          out_stride);
 }
 

@@ -105,6 +105,32 @@ bool same_floats(const float* a, const float* b, size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
+// Sentinel of the tile tests' output cells outside the tile.
+constexpr float kSentinel = -12345.5f;
+// Row stride of the tile tests' output: wider than any tile, so that the
+// cells with c >= n_w must keep the sentinel.
+constexpr size_t kOutStride = kMaxTileW + 2;
+
+// The first cell of a tile call's output (kMaxTileX rows of kOutStride) that
+// is wrong: inside the n_x x n_w tile it must equal want[r][c] bitwise,
+// outside it must still hold kSentinel. Returns false if there is none.
+bool first_wrong_cell(const float* out, const float (*want)[kMaxTileW], int n_w, int n_x,
+                      int* bad_r, int* bad_c) {
+  for (int r = 0; r < kMaxTileX; ++r) {
+    for (int c = 0; c < static_cast<int>(kOutStride); ++c) {
+      const float v = out[r * kOutStride + c];
+      const bool ok = r < n_x && c < n_w ? lever_test::same_bits(v, want[r][c])
+                                         : lever_test::same_bits(v, kSentinel);
+      if (!ok) {
+        *bad_r = r;
+        *bad_c = c;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 TEST(blocks32_neon_rows_match_scalar) {
@@ -172,28 +198,12 @@ TEST(blocks32_neon_tiles_match_scalar) {
           if (ran.find(isa_name(isa)) == std::string::npos) ran += std::string(" ") + isa_name(isa);
           for (int n_w = 1; n_w <= kMaxTileW; ++n_w) {
             for (int n_x = 1; n_x <= kMaxTileX; ++n_x) {
-              // out_stride 6 > n_w: cells with c >= n_w must keep the sentinel.
-              constexpr size_t kStride = kMaxTileW + 2;
-              const float sentinel = -12345.5f;
-              float out[kMaxTileX * kStride];
-              for (float& v : out) v = sentinel;
-              tile(w0, w_row, n_w, x.data(), x_stride, n_x, n_blocks, out, kStride);
+              float out[kMaxTileX * kOutStride];
+              for (float& v : out) v = kSentinel;
+              tile(w0, w_row, n_w, x.data(), x_stride, n_x, n_blocks, out, kOutStride);
               ++compared;
               int bad_r = -1, bad_c = -1;
-              for (int r = 0; r < kMaxTileX && bad_r < 0; ++r) {
-                for (int c = 0; c < static_cast<int>(kStride); ++c) {
-                  const float v = out[r * kStride + c];
-                  const bool inside = r < n_x && c < n_w;
-                  const bool ok = inside ? lever_test::same_bits(v, want[r][c])
-                                         : lever_test::same_bits(v, sentinel);
-                  if (!ok) {
-                    bad_r = r;
-                    bad_c = c;
-                    break;
-                  }
-                }
-              }
-              CHECK_MSG(bad_r < 0, t.name << " " << isa_name(isa) << " tile n_blocks=" << n_blocks
+              CHECK_MSG(!first_wrong_cell(out, want, n_w, n_x, &bad_r, &bad_c), t.name << " " << isa_name(isa) << " tile n_blocks=" << n_blocks
                                           << " row=" << w_row_index << " n_w=" << n_w
                                           << " n_x=" << n_x << ": wrong cell (r=" << bad_r
                                           << ", c=" << bad_c << ")");
@@ -299,22 +309,15 @@ TEST(blocks32_prepared_match_row_kernels) {
           }
           for (int n_w = 1; n_w <= kMaxTileW; ++n_w) {
             for (int n_x = 1; n_x <= kMaxTileX; ++n_x) {
-              constexpr size_t kStride = kMaxTileW + 2;
-              const float sentinel = -12345.5f;
-              float out[kMaxTileX * kStride];
-              for (float& v : out) v = sentinel;
-              prep->tile(w0, w_row, n_w, xp, p_stride, n_x, n_blocks, out, kStride);
+              float out[kMaxTileX * kOutStride];
+              for (float& v : out) v = kSentinel;
+              prep->tile(w0, w_row, n_w, xp, p_stride, n_x, n_blocks, out, kOutStride);
               ++compared;
-              bool ok = true;
-              for (int r = 0; r < kMaxTileX; ++r) {
-                for (int c = 0; c < static_cast<int>(kStride); ++c) {
-                  const float v = out[r * kStride + c];
-                  ok = ok && (r < n_x && c < n_w ? lever_test::same_bits(v, want[r][c])
-                                                 : lever_test::same_bits(v, sentinel));
-                }
-              }
-              CHECK_MSG(ok, t.name << " " << isa_name(isa) << " prepared tile n_blocks=" << n_blocks
-                                   << " n_w=" << n_w << " n_x=" << n_x);
+              int bad_r = -1, bad_c = -1;
+              CHECK_MSG(!first_wrong_cell(out, want, n_w, n_x, &bad_r, &bad_c),
+                        t.name << " " << isa_name(isa) << " prepared tile n_blocks=" << n_blocks
+                               << " n_w=" << n_w << " n_x=" << n_x << ": wrong cell (r=" << bad_r
+                               << ", c=" << bad_c << ")");
             }
           }
         }
