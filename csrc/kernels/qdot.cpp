@@ -105,14 +105,17 @@ struct KernelSet {
   bool q8k_activations;
   DotRowsFn rows[kIsaSlots];
   DotTileFn tile[kIsaSlots];
+  const PreparedKernels* avx512_prepared;  // nullptr: none (the only Isa that has them)
 };
 
 #if defined(__x86_64__)
 #define LEVER_X86_ROWS(t) qdot::t##_avx2, qdot::t##_avx512
 #define LEVER_X86_TILE(t) nullptr, qdot::t##_avx512_tile
+#define LEVER_X86_PREPARED(k) &qdot::k
 #else
 #define LEVER_X86_ROWS(t) nullptr, nullptr
 #define LEVER_X86_TILE(t) nullptr, nullptr
+#define LEVER_X86_PREPARED(k) nullptr
 #endif
 #if defined(__aarch64__)
 #define LEVER_ARM_ROWS(t) qdot::t##_neon, qdot::t##_dotprod, qdot::t##_dotprod
@@ -121,14 +124,17 @@ struct KernelSet {
 #define LEVER_ARM_ROWS(t) nullptr, nullptr, nullptr
 #define LEVER_ARM_TILE(t) nullptr, nullptr, nullptr
 #endif
-#define LEVER_KERNELS(type_id, q8k, t)                                                    \
+#define LEVER_KERNELS(type_id, q8k, t, prepared)                                          \
   {type_id, q8k, {nullptr, qdot::t##_scalar, LEVER_X86_ROWS(t), LEVER_ARM_ROWS(t)},     \
-   {nullptr, nullptr, LEVER_X86_TILE(t), LEVER_ARM_TILE(t)}}
+   {nullptr, nullptr, LEVER_X86_TILE(t), LEVER_ARM_TILE(t)}, prepared}
 
 const KernelSet kKernels[] = {
-    LEVER_KERNELS(kTypeQ4_K, true, q4_k), LEVER_KERNELS(kTypeQ6_K, true, q6_k),
-    LEVER_KERNELS(kTypeQ8_0, false, q8_0), LEVER_KERNELS(kTypeQ5_0, false, q5_0),
-    LEVER_KERNELS(kTypeQ4_0, false, q4_0), LEVER_KERNELS(kTypeQ4_1, false, q4_1),
+    LEVER_KERNELS(kTypeQ4_K, true, q4_k, nullptr),
+    LEVER_KERNELS(kTypeQ6_K, true, q6_k, nullptr),
+    LEVER_KERNELS(kTypeQ8_0, false, q8_0, LEVER_X86_PREPARED(kQ8_0Avx512Prepared)),
+    LEVER_KERNELS(kTypeQ5_0, false, q5_0, LEVER_X86_PREPARED(kQ5_0Avx512Prepared)),
+    LEVER_KERNELS(kTypeQ4_0, false, q4_0, LEVER_X86_PREPARED(kQ4_0Avx512Prepared)),
+    LEVER_KERNELS(kTypeQ4_1, false, q4_1, nullptr),
 };
 
 const KernelSet* find_kernels(int type) {
@@ -164,18 +170,11 @@ DotTileFn dot_tile_kernel(int type, Isa isa) {
 }
 
 const PreparedKernels* prepared_kernels(int type, Isa isa) {
+  const KernelSet* k = find_kernels(type);
+  if (k == nullptr) return nullptr;
   if (isa == Isa::kAuto) isa = best_isa();
   if (isa != Isa::kAvx512 || !isa_available(isa)) return nullptr;
-#if defined(__x86_64__)
-  switch (type) {
-    case kTypeQ8_0: return &qdot::kQ8_0Avx512Prepared;
-    case kTypeQ5_0: return &qdot::kQ5_0Avx512Prepared;
-    case kTypeQ4_0: return &qdot::kQ4_0Avx512Prepared;
-    default: break;
-  }
-#endif
-  (void)type;
-  return nullptr;
+  return k->avx512_prepared;
 }
 
 }  // namespace lever

@@ -575,16 +575,17 @@ LEVER_AVX512 void dispatch_avx512(const uint8_t* w, const uint8_t* x, size_t x_s
 }
 
 template <class T>
-void rows_prepared(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-                   float* out) {
-  tile_detail::run_tile<TileAvx512<T, true>>(w, 0, 1, x, x_stride, n_x, n_blocks, out, 1);
-}
-
-template <class T>
 void tiles_prepared(const uint8_t* w, size_t w_stride, int n_w, const uint8_t* x,
                     size_t x_stride, int n_x, size_t n_blocks, float* out, size_t out_stride) {
   tile_detail::run_tile<TileAvx512<T, true>>(w, w_stride, n_w, x, x_stride, n_x, n_blocks, out,
                                          out_stride);
+}
+
+// The row kernel: a tile of one weight row.
+template <class T>
+void rows_prepared(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                   float* out) {
+  tiles_prepared<T>(w, 0, 1, x, x_stride, n_x, n_blocks, out, 1);
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 //    tile of up to kMaxDotRows activation rows, the dot kernel is called once
 //    per weight row. Where the type and Isa have prepared-row kernels
 //    (PreparedKernels in qdot.h: the 32-value block types on AVX-512), the
-//    quantised rows are first converted to their layout, once per call.
+//    quantised rows are first converted to their layout (once per
+//    quant_matmul call; once per QuantizedRows for quant_matmul_rows).
 //    Either way a (weight row, activation row) result is bit-identical
 //    whatever M, N and the tiling are (see qdot.h).
 
@@ -191,12 +192,22 @@ void quantize_rows_into(const void* x, ElemType x_type, size_t M, size_t K, size
   });
 }
 
+// Step 1b, for prepared-row kernels: M quantised rows (a_row_bytes each) in
+// prep's layout, into out (prep.row_bytes(n_blocks) each).
+void prepare_rows(const PreparedKernels& prep, const uint8_t* xq, size_t a_row_bytes, size_t M,
+                  size_t n_blocks, uint8_t* out) {
+  const size_t p_row_bytes = prep.row_bytes(n_blocks);
+  for (size_t m = 0; m < M; ++m) prep.prepare(xq + m * a_row_bytes, n_blocks, out + m * p_row_bytes);
+}
+
 // Step 2: dot products of M quantised rows against N weight rows. Weight rows
 // are taken in groups of about 128 KiB so a group stays in cache while every
 // activation tile passes over it.
+// With prep, xq holds the rows in prep's layout (a_row_bytes each) and prep's
+// kernels replace dot and the tile kernel.
 void dot_quantized_rows(const uint8_t* xq, size_t a_row_bytes, size_t M, size_t K,
                         const uint8_t* w, int type, size_t N, void* y, ElemType y_type,
-                        size_t y_stride, Isa isa, DotRowsFn dot) {
+                        size_t y_stride, Isa isa, DotRowsFn dot, const PreparedKernels* prep) {
   const size_t n_blocks = K / block_size(type);
   const size_t w_row_bytes = n_blocks * type_size(type);
   const size_t group = std::max<size_t>(1, (128u << 10) / w_row_bytes);
@@ -207,17 +218,9 @@ void dot_quantized_rows(const uint8_t* xq, size_t a_row_bytes, size_t M, size_t 
   // The tile kernels only pay off from a few dozen activation rows up (for
   // fewer, streaming the weights row by row measured faster, in particular
   // from DRAM at M = 1); the results are the same either way.
-  DotTileFn tile = M >= kTileMinRows ? dot_tile_kernel(type, isa) : nullptr;
-  // Kernels on prepared rows: the rows are converted once here.
-  if (const PreparedKernels* prep = prepared_kernels(type, isa)) {
-    const size_t p_row_bytes = prep->row_bytes(n_blocks);
-    uint8_t* const xp = prepared_scratch(M * p_row_bytes);
-    for (size_t m = 0; m < M; ++m) prep->prepare(xq + m * a_row_bytes, n_blocks, xp + m * p_row_bytes);
-    xq = xp;
-    a_row_bytes = p_row_bytes;
-    dot = prep->rows;
-    if (tile != nullptr) tile = prep->tile;
-  }
+  DotTileFn tile = nullptr;
+  if (M >= kTileMinRows) tile = prep != nullptr ? prep->tile : dot_tile_kernel(type, isa);
+  if (prep != nullptr) dot = prep->rows;
   auto store = [&](size_t m, size_t n, float v) {
     const size_t at = m * y_stride + n;
     if (y_type == ElemType::kF32) {
@@ -267,6 +270,17 @@ QuantizedRows::QuantizedRows(const void* x, ElemType x_type, size_t M, size_t K,
   quantize_rows_into(x, x_type, M, K, x_stride, type, data_, row_bytes_);
 }
 
+const uint8_t* QuantizedRows::prepared(const PreparedKernels& prep) const {
+  if (prepared_by_ != prep.prepare) {
+    const size_t n_blocks = K_ / block_size(type_);
+    uint8_t* out = aligned_64(prepared_buf_, M_ * prep.row_bytes(n_blocks));
+    prepare_rows(prep, data_, row_bytes_, M_, n_blocks, out);
+    prepared_ = out;
+    prepared_by_ = prep.prepare;
+  }
+  return prepared_;
+}
+
 void quant_matmul_rows(const QuantizedRows& xq, const uint8_t* w, int type, size_t N, void* y,
                        ElemType y_type, size_t y_stride, Isa isa) {
   const DotRowsFn dot = checked_dot(type, xq.cols(), &isa);
@@ -276,8 +290,14 @@ void quant_matmul_rows(const QuantizedRows& xq, const uint8_t* w, int type, size
   }
   if (y_stride < N) throw std::invalid_argument("row stride smaller than the row");
   if (xq.rows() == 0 || N == 0) return;
+  if (const PreparedKernels* prep = prepared_kernels(type, isa)) {
+    const size_t p_row_bytes = prep->row_bytes(xq.cols() / block_size(type));
+    dot_quantized_rows(xq.prepared(*prep), p_row_bytes, xq.rows(), xq.cols(), w, type, N, y,
+                       y_type, y_stride, isa, dot, prep);
+    return;
+  }
   dot_quantized_rows(xq.data(), xq.row_bytes(), xq.rows(), xq.cols(), w, type, N, y, y_type,
-                     y_stride, isa, dot);
+                     y_stride, isa, dot, nullptr);
 }
 
 void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride,
@@ -289,7 +309,15 @@ void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_s
   const size_t a_row_bytes = act_row_bytes(type, K);
   uint8_t* const xq = act_scratch(M * a_row_bytes);        // this thread's reusable buffer
   quantize_rows_into(x, x_type, M, K, x_stride, type, xq, a_row_bytes);
-  dot_quantized_rows(xq, a_row_bytes, M, K, w, type, N, y, y_type, y_stride, isa, dot);
+  if (const PreparedKernels* prep = prepared_kernels(type, isa)) {
+    const size_t n_blocks = K / block_size(type);
+    const size_t p_row_bytes = prep->row_bytes(n_blocks);
+    uint8_t* const xp = prepared_scratch(M * p_row_bytes);  // likewise
+    prepare_rows(*prep, xq, a_row_bytes, M, n_blocks, xp);
+    dot_quantized_rows(xp, p_row_bytes, M, K, w, type, N, y, y_type, y_stride, isa, dot, prep);
+    return;
+  }
+  dot_quantized_rows(xq, a_row_bytes, M, K, w, type, N, y, y_type, y_stride, isa, dot, nullptr);
 }
 
 }  // namespace lever
