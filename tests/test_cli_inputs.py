@@ -116,6 +116,7 @@ BAD = [
     *[([*GEN, "--read-limit", v], "--read-limit")
       for v in ["1", "999999", f"{MIN_READ_RATE - 1:.0f}", "1B/s", "1MB/s", "0.5MB/s", "-1MB/s", "inf", "nan",
                 "2TB/s", "fast", BIG]],
+    *[([*GEN, "--read-queue-depth", v], "--read-queue-depth") for v in ["0", "-1", "257", "1.5", "x", BIG]],
     # paths
     ([*GEN, "--cache-dir", "{file}"], "--cache-dir"),
     ([*GEN, "--target-store", "{missing}"], "no such store directory", "lever convert"),
@@ -157,6 +158,7 @@ BAD = [
     ([*BENCH, "--dram-budget", "x"], "--dram-budget"),
     ([*BENCH, "--read-limit", "1"], "--read-limit"),
     ([*BENCH, "--prefetch-depth", "0"], "--prefetch-depth"),
+    ([*BENCH, "--read-queue-depth", "0"], "--read-queue-depth"),
     *[([*BENCH, "--modes", v], "bad mode spec")
       for v in ["tree:100000", "chain:65", "tree:16:65:8", "tree:16:4:65", "lever:1025", "lever:0", "tree:" + BIG]],
     ([*BENCH, "--modes", "ar", "lever", "--draft", "ngram"], "needs a draft model"),
@@ -175,6 +177,7 @@ BAD = [
     ([*PROFILE, "--dram-budget", "0"], "--dram-budget"),
     ([*PROFILE, "--read-limit", "1"], "--read-limit"),
     ([*PROFILE, "--prefetch-depth", "17"], "--prefetch-depth"),
+    ([*PROFILE, "--read-queue-depth", "257"], "--read-queue-depth"),
     ([*PROFILE, "--plot", "{missing_dir_file}"], "--plot", "does not exist"),
     ([*PROFILE, "--plot", "{dir}"], "--plot", "is a directory"),
     ([*PROFILE, "--cache-dir", "{file}"], "--cache-dir"),

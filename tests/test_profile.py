@@ -14,6 +14,7 @@ from lever.cost.profile import load_or_measure, measure_profile, profile_key, pr
 from lever.errors import ProfileError, ReadLimitError
 from lever.masks import causal_mask
 from lever.model.torch_reference import load_gguf_torch
+from lever.store.flash_reader import DEFAULT_QUEUE_DEPTH
 from lever.store.residency import parse_rate
 from lever.store.streamed import StreamedDecoder
 from test_store import minimum_budget, smol_store  # noqa: F401  (smol_store is a fixture)
@@ -158,11 +159,18 @@ def test_every_key_change_is_another_file(streamed, smollm2_path, smol, tmp_path
                 streamed_key(streamed, smollm2_path, dtype="float32"),
                 streamed_key(streamed, smollm2_path, reader_backend="pread"),
                 resident_key(smol, smollm2_path)]
+    deeper = StreamedDecoder(streamed.store_dir, streamed.plan.budget, queue_depth=3)
+    try:
+        variants.append(streamed_key(deeper, smollm2_path))      # another reader queue depth
+    finally:
+        deeper.close()
     paths = {profile_path(k, tmp_path) for k in variants}
     assert len(paths) == len(variants)
     assert profile_path(streamed_key(streamed, smollm2_path), tmp_path) == profile_path(base, tmp_path)
     assert base["target"]["kind"] == "store" and base["target"]["format"] == "source"
     assert base["memory"]["pinned"] == sorted(e.name for e in streamed.plan.pinned)
+    assert base["backend"]["read_queue_depth"] == DEFAULT_QUEUE_DEPTH
+    assert variants[-1]["backend"]["read_queue_depth"] == 3
     assert resident_key(smol, smollm2_path)["target"]["kind"] == "gguf"
     with pytest.raises(ProfileError):
         streamed_key(streamed, smollm2_path, kernels="fast")
@@ -336,6 +344,17 @@ def test_read_limit_caps_the_reader(smol_store, capsys):
         model.close()
     assert main(["generate", "--target-store", str(smol_store), "--read-limit", "fast", "--prompt", "x"]) == 2
     assert "cannot read the read limit 'fast'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("depth", [None, 3])
+def test_read_queue_depth_reaches_the_reader(smol_store, half_budget, depth, capsys):
+    """`--read-queue-depth N` is the depth the streamed target's reader runs with."""
+    flag = [] if depth is None else ["--read-queue-depth", str(depth)]
+    assert main(["generate", "--target-store", str(smol_store), "--dram-budget", str(half_budget), "--prompt", "hi",
+                 "--max-new-tokens", "1", "--json", *flag]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["flash"]["reader"]["queue_depth"] == (DEFAULT_QUEUE_DEPTH if depth is None else depth)
+    assert out["flash"]["bytes_read"] > 0
 
 
 # -- lever profile -----------------------------------------------------------------

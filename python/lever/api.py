@@ -135,7 +135,8 @@ def load(model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
 def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str = "bfloat16",
                backend: str = "auto", prefetch_depth: int | str = "auto", kv_tokens: int = 2048,
                cache_dir: str | os.PathLike | None = None,
-               max_read_bytes_per_s: str | float = 0.0, tokenizer: Tokenizer | None = None) -> LoadedModel:
+               max_read_bytes_per_s: str | float = 0.0, tokenizer: Tokenizer | None = None,
+               queue_depth: int | None = None) -> LoadedModel:
     """A target streamed from a flash store (`lever convert`) under a DRAM budget
     ('600MB', '1.5GiB' or bytes). Its `.model.report()` gives the I/O statistics.
     Quantised matrices are multiplied straight from the read buffers by the
@@ -143,29 +144,35 @@ def load_store(store_dir: str | os.PathLike, dram_budget: str | int, dtype: str 
     max_read_bytes_per_s caps flash reads (bytes/s or '200MB/s'; 0 = unlimited).
     prefetch_depth: read buffers in the ring, 1..16, or "auto" (2; mode lever
     then chooses the depth from the profile, lever.cost.ring_depth).
-    tokenizer: the store's tokenizer when already loaded (`store_tokenizer`)."""
+    tokenizer: the store's tokenizer when already loaded (`store_tokenizer`).
+    queue_depth: chunk reads in flight (None: the reader's default,
+    lever.store.flash_reader.DEFAULT_QUEUE_DEPTH)."""
+    from .store.flash_reader import DEFAULT_QUEUE_DEPTH
     from .store.residency import parse_rate, parse_size
     from .store.streamed import StreamedDecoder
 
     t0 = time.perf_counter()
     model = StreamedDecoder(store_dir, parse_size(dram_budget), dtype_name(dtype), backend=backend,
                             prefetch_depth=prefetch_depth, kv_tokens=kv_tokens,
+                            queue_depth=DEFAULT_QUEUE_DEPTH if queue_depth is None else queue_depth,
                             max_read_bytes_per_s=parse_rate(max_read_bytes_per_s))
     tokenizer = tokenizer or store_tokenizer(store_dir, cache_dir)
     return LoadedModel(model, tokenizer, Path(store_dir), load_s=time.perf_counter() - t0)
 
 
 def make_drafter(name: str, dtype: str = "bfloat16", cache_dir: str | os.PathLike | None = None,
-                 progress: bool = True, kernels: str = "native"):
+                 progress: bool = True, kernels: str = "native", head: str = "stored"):
     """'ngram' (prompt lookup, no model) or a draft model (name or path) kept in
     DRAM, loaded as `load` does (kernels "native" or "torch") but without a
-    tokenizer: the draft shares the target's token ids and never decodes text."""
+    tokenizer: the draft shares the target's token ids and never decodes text.
+    head "q4_0": the draft's output head re-quantised to Q4_0 as it loads
+    (fewer bytes per draft forward; lever.model.native_loader.ResidentWeights)."""
     if name == "ngram":
         from .draft.ngram import NgramDrafter
         return NgramDrafter()
     from .draft.model_drafter import ModelDrafter
     path = resolve_model(name, cache_dir=cache_root(cache_dir), progress=progress)
-    model, _ = load_model(path, dtype_name(dtype), kernels)
+    model, _ = load_model(path, dtype_name(dtype), kernels, head_type=head)
     return ModelDrafter(model, path=path)
 
 

@@ -8,6 +8,10 @@ values as their uint16 bit patterns, bit-identical to
 The work runs multithreaded without the GIL.  (The torch reference wraps it:
 `lever.model.linear.dequantize_tensor`.)
 
+`quantize_q4_0` goes the other way for one type, in numpy, bit-identical to
+ggml's reference quantiser: it re-quantises a draft model's output head at
+load (`--draft-head q4_0`, lever.model.native_loader).
+
 Units: byte counts are bytes, element counts are tensor elements.
 """
 
@@ -23,7 +27,7 @@ from .dtypes import dtype_name
 from .errors import UnsupportedModelError
 
 __all__ = ["dequantize", "is_supported", "block_size", "type_size", "type_name",
-           "supported_types"]
+           "supported_types", "quantize_q4_0", "Q4_0"]
 
 _SUPPORTED = frozenset(_native.supported_types())
 
@@ -110,3 +114,32 @@ def dequantize(raw: np.ndarray, qtype: int, shape: Sequence[int], dtype: str = "
     out = np.empty(n_elements, dtype=np.float32 if dtype == "float32" else np.uint16)
     _native.dequantize(data, qtype, out)
     return out.reshape(shape)
+
+
+Q4_0 = 2                      # ggml type id
+_Q4_0_BLOCK = 32              # elements per Q4_0 block
+_Q4_0_BYTES = 18              # bytes per block: float16 scale d, then 16 bytes of 4-bit codes
+
+
+def quantize_q4_0(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, cols] (cols a multiple of 32) -> the Q4_0 bytes of those
+    rows, uint8 [rows, cols / 32 * 18], as ggml's reference quantiser makes
+    them: per block of 32 values, m = the value of largest magnitude (the
+    first of equals), d = m / -8, codes q = min(15, trunc(x / d + 8.5)) so that
+    x ~ d * (q - 8); byte j of the codes holds q[j] (low nibble) and q[j + 16]
+    (high nibble)."""
+    x = np.ascontiguousarray(values, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % _Q4_0_BLOCK:
+        raise ValueError(f"Q4_0 needs a 2-d array with a multiple of {_Q4_0_BLOCK} columns, got {x.shape}")
+    rows, cols = x.shape
+    blocks = x.reshape(-1, _Q4_0_BLOCK)
+    first_max = np.argmax(np.abs(blocks), axis=1)
+    m = blocks[np.arange(len(blocks)), first_max]
+    d = (m / np.float32(-8)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.minimum(15, (blocks * inv[:, None] + np.float32(8.5)).astype(np.int8)).astype(np.uint8)
+    out = np.empty((len(blocks), _Q4_0_BYTES), dtype=np.uint8)
+    out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q[:, :16] | (q[:, 16:] << 4)
+    return out.reshape(rows, cols // _Q4_0_BLOCK * _Q4_0_BYTES)

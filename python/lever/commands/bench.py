@@ -35,8 +35,8 @@ from .bench_modes import MODE_HELP, TREE_DEPTH, TREE_TOPK, BenchMode, parse_mode
 from .bench_report import machine_info
 from .bench_setup import FULL, QUICK
 from .limits import MAX_BENCH_PROMPTS, MAX_NEW_TOKENS
-from .options import (add_backend_options, add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options,
-                      add_target_choice)
+from .options import (add_backend_options, add_cache_dir, add_draft_head, add_dram_budget, add_reader_options,
+                      add_sampling_options, add_target_choice)
 
 # parse_mode, parse_modes, BenchMode and machine_info are part of this module's API (bench/bench_remote.py)
 __all__ = ["add_parser", "add_arguments", "run", "BenchMode", "parse_mode", "parse_modes", "machine_info"]
@@ -56,6 +56,7 @@ def add_arguments(p) -> None:
     add_target_choice(p)
     p.add_argument("--draft", type=arg_types.name, default="ngram", metavar="NAME",
                    help="draft model kept in DRAM (registered name or path), or 'ngram' (default)")
+    add_draft_head(p)
     add_dram_budget(p)
     p.add_argument("--memory-cap", type=arg_types.size, default=None, metavar="SIZE",
                    help="run each mode in its own process inside a memory cgroup of SIZE (RAM + page cache, "

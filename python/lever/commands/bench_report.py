@@ -41,7 +41,7 @@ def print_header(args, b, kernels: dict) -> None:
               + (f" ({m.storage}, {m.weights_bytes / 1e6:,.0f} MB; budget {b.budget / 1e6:,.0f} MB, "
                  f"{t.plan.pinned_layers}/{m.config.n_layers} layers pinned, ring {t.plan.prefetch_depth} slots, "
                  f"{t.plan.streamed_bytes_per_pass / 1e6:,.1f} MB streamed per pass; "
-                 f"reader {reader['backend']} direct={reader['direct']})"
+                 f"reader {reader['backend']} direct={reader['direct']} queue depth {reader['queue_depth']})"
                  if b.streamed else " (in memory)")
               + f" draft={args.draft if b.needs_draft else '-'} dtype={args.dtype}"
               + f" kernels={kernels['mode']} ({kernels['isa']}"
@@ -215,7 +215,8 @@ def result_document(args, b, kernels: dict, aggregates: dict, resident_agg: dict
                    "new_tokens": b.new_tokens, "ignore_eos": args.ignore_eos,
                    "temperature": args.temperature, "seed": args.seed, "raw_read_bytes_per_s": b.raw_read_bps,
                    "raw_read_extent_bytes": sweep_extent(b.memory) if b.streamed else None,
-                   "dtype": args.dtype, "reader": args.reader, "prefetch_depth": args.prefetch_depth,
+                   "dtype": args.dtype, "reader": args.reader, "read_queue_depth": args.read_queue_depth,
+                   "prefetch_depth": args.prefetch_depth,
                    "drop_caches": args.drop_caches, "page_cache": b.page_cache, "quick": args.quick,
                    "kernels": kernels, "probes": args.probes, "io_setting": io_share_label(b),
                    "chat_template": True},

@@ -174,7 +174,7 @@ def load_target(args, b: BenchSetup, cleanup: list) -> None:
         b.budget = args.dram_budget
         b.loaded = load_store(b.store, b.budget, dtype=args.dtype, backend=args.reader,
                               prefetch_depth=args.prefetch_depth, kv_tokens=b.kv_tokens, cache_dir=args.cache_dir,
-                              max_read_bytes_per_s=args.read_limit, tokenizer=tok)
+                              max_read_bytes_per_s=args.read_limit, tokenizer=tok, queue_depth=args.read_queue_depth)
     else:
         from ..api import DEFAULT_MODEL, load
         b.target_name = args.target or DEFAULT_MODEL
@@ -214,7 +214,7 @@ def load_draft(args, b: BenchSetup) -> None:
     from ..api import make_drafter
     from ..engine import SpecConfig
 
-    b.drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels)
+    b.drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels, head=args.draft_head)
                  if b.needs_draft else None)
     b.stop_ids = frozenset() if args.ignore_eos else b.loaded.tokenizer.eos_token_ids
     from ..probe.choice import probe_forecast, probe_pruner, pruning_pays
@@ -260,7 +260,8 @@ def warm_up(args, b: BenchSetup) -> None:
     if b.streamed:
         from ..store.bandwidth import SWEEP_SLOTS, sequential_read
         b.raw_read_bps, _ = sequential_read(b.store, args.reader, args.read_limit,
-                                            extent_bytes=sweep_extent(b.memory), slots=SWEEP_SLOTS)
+                                            extent_bytes=sweep_extent(b.memory), slots=SWEEP_SLOTS,
+                                            queue_depth=args.read_queue_depth)
         b.target.reset_stats()
 
 

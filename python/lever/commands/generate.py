@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
             page_cache = drop_page_cache()
         loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
                             prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
-                            kv_tokens=kv_tokens, max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer)
+                            kv_tokens=kv_tokens, max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer,
+                            queue_depth=args.read_queue_depth)
     else:
         memory = plan_memory(args, target_name=args.model, draft=args.draft, kv_tokens=args.max_new_tokens + 1024,
                              tree_rows=_tree_rows(args, mode), sampling=args.temperature > 0)
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             raise LeverError(str(e)) from None
         if args.draft:
             drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
-                                   kernels=args.kernels)
+                                   kernels=args.kernels, head=args.draft_head)
         from ..probe.choice import probe_forecast, probe_pruner, pruning_pays
         pruner = probe_pruner(loaded.model, args.probes if mode != "ar" else "off", loaded.path, args.cache_dir)
         if mode == "lever":

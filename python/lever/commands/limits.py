@@ -24,6 +24,11 @@ MAX_DRAFT_LEN = 64
 # Read buffers in flight ahead of the computing layer (each holds one layer).
 MAX_PREFETCH_DEPTH = 16
 
+# Chunk reads (1 MiB each) the flash reader keeps in flight (--read-queue-depth).
+# Phone UFS queues hold 32 commands, NVMe queues far more; 256 MiB in flight is
+# beyond any of them.
+MAX_READ_QUEUE_DEPTH = 256
+
 # Sizes in bytes (--dram-budget): at least one byte, at most 16 TiB.
 MAX_SIZE_BYTES = 1 << 44
 

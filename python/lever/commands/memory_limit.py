@@ -23,7 +23,7 @@ def plan_memory(args, *, target_store=None, target_name: str | None = None, draf
     model name/path, 'ngram' or None); kv_tokens: KV rows of every sequence
     together; tree_rows: rows of the largest pass; sampling: logits rows are
     kept.  Uses args.memory_limit, args.dram_budget, args.dtype,
-    args.prefetch_depth and args.cache_dir."""
+    args.prefetch_depth, args.cache_dir and, with a draft, args.draft_head."""
     if args.memory_limit is None:
         if args.dram_budget is None:
             args.dram_budget = DEFAULT_DRAM_BUDGET
@@ -32,7 +32,8 @@ def plan_memory(args, *, target_store=None, target_name: str | None = None, draf
     plan, budget = plan_run(args.memory_limit, target_store=target_store, target_path=target_path,
                             draft_path=model_file(draft, args.cache_dir), kv_tokens=kv_tokens,
                             tree_rows=tree_rows, sampling=sampling, dtype=args.dtype,
-                            prefetch_depth=args.prefetch_depth)
+                            prefetch_depth=args.prefetch_depth,
+                            draft_head=args.draft_head if draft else "stored")
     args.dram_budget = budget
     return plan
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from ..sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
+from ..store.flash_reader import DEFAULT_QUEUE_DEPTH
 from . import arg_types
-from .limits import MAX_DRAFT_LEN, MAX_PREFETCH_DEPTH, MAX_TREE_DEPTH, MAX_TREE_NODES, MAX_TREE_TOPK, MIN_READ_RATE
+from .limits import (MAX_DRAFT_LEN, MAX_PREFETCH_DEPTH, MAX_READ_QUEUE_DEPTH, MAX_TREE_DEPTH, MAX_TREE_NODES,
+                     MAX_TREE_TOPK, MIN_READ_RATE)
 
 
 def add_target_choice(p) -> None:
@@ -35,13 +37,17 @@ def add_dram_budget(p, what: str = "the streamed target") -> None:
 
 
 def add_reader_options(p) -> None:
-    """--reader, --prefetch-depth and --read-limit (bytes/s) of a streamed target."""
+    """--reader, --prefetch-depth, --read-queue-depth and --read-limit (bytes/s) of a streamed target."""
     p.add_argument("--reader", default="auto", choices=["auto", "io_uring", "pread"],
                    help="flash reader backend (auto: io_uring, else a pread thread pool)")
     p.add_argument("--prefetch-depth", type=arg_types.prefetch_depth, default="auto", metavar="K|auto",
                    help=f"read buffers in the flash reader's ring (extents in flight ahead of the computing "
                         f"layer), 1..{MAX_PREFETCH_DEPTH}, or auto: 2, and in mode lever the depth whose simulated "
                         f"iteration is fastest under the same DRAM budget, from the profile (default auto)")
+    p.add_argument("--read-queue-depth", type=arg_types.integer(1, MAX_READ_QUEUE_DEPTH),
+                   default=DEFAULT_QUEUE_DEPTH, metavar="N",
+                   help=f"chunk reads of 1 MiB the flash reader keeps in flight, 1..{MAX_READ_QUEUE_DEPTH} "
+                        f"(default {DEFAULT_QUEUE_DEPTH}; bench/reader_queue_depth.py measures a device)")
     p.add_argument("--read-limit", type=arg_types.read_rate, default="0", metavar="RATE",
                    help=f"cap flash reads (and the loading of pinned layers) to emulate slower flash, e.g. "
                         f"200MB/s, 1.5GiB/s or bytes/s; at least {MIN_READ_RATE / 1e6:g}MB/s (default 0 = unlimited)")
@@ -99,12 +105,24 @@ def add_backend_options(p, *, backend: bool = True, npu_profile: bool = True) ->
                             "see the README): mode lever sizes trees by them instead of a profile measured here")
 
 
+DRAFT_HEAD_DEFAULT = "stored"
+
+
+def add_draft_head(p) -> None:
+    """--draft-head {stored,q4_0}: the draft model's output head as stored, or re-quantised to Q4_0."""
+    p.add_argument("--draft-head", default=DRAFT_HEAD_DEFAULT, choices=["stored", "q4_0"],
+                   help="the draft model's output head as its file stores it, or re-quantised to Q4_0 as it "
+                        "loads: fewer bytes per draft forward and in DRAM (native kernels; the target's "
+                        f"output is the same either way; default {DRAFT_HEAD_DEFAULT})")
+
+
 def add_spec_options(spec, mode_help: str) -> None:
     """The draft and tree-shape options of a decoding command (`generate`, `serve`):
-    --draft, --mode (described by `mode_help`), --draft-len, --tree-budget/-topk/-depth
+    --draft, --draft-head, --mode (described by `mode_help`), --draft-len, --tree-budget/-topk/-depth
     and --lever-max-nodes/-max-depth/-topk, on the argument group `spec`."""
     spec.add_argument("--draft", type=arg_types.name, default=None, metavar="NAME",
                       help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)")
+    add_draft_head(spec)
     spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree", "lever"], help=mode_help)
     spec.add_argument("--draft-len", type=arg_types.integer(1, MAX_DRAFT_LEN), default=4, metavar="K",
                       help=f"chain length, 1..{MAX_DRAFT_LEN} (default 4)")

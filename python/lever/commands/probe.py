@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import LeverError
 from . import arg_types
-from .options import add_cache_dir, add_dram_budget, add_reader_options, add_target_choice
+from .options import add_cache_dir, add_draft_head, add_dram_budget, add_reader_options, add_target_choice
 
 CORPUS = "calibration_prompts_v1.json"
 REPORT_JSON, REPORT_PNG = "report.json", "report.png"
@@ -50,6 +50,7 @@ def add_record(sub) -> None:
     add_target_choice(p)
     p.add_argument("--draft", type=arg_types.name, required=True, metavar="NAME",
                    help="draft model (registered name or path); mode lever needs its probabilities")
+    add_draft_head(p)
     p.add_argument("--out", type=arg_types.directory, required=True, metavar="DIR", help="trace directory to write")
     p.add_argument("--prompts", type=arg_types.integer(2, 10_000), default=None, metavar="N",
                    help="the first N prompts of the corpus (default all)")
@@ -161,7 +162,8 @@ def run_record(args: argparse.Namespace) -> int:
                     sampling=False)
         loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
                             prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, kv_tokens=kv,
-                            max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer)
+                            max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer,
+                            queue_depth=args.read_queue_depth)
         name = str(args.target_store)
     else:
         name = args.target or DEFAULT_MODEL
@@ -170,7 +172,7 @@ def run_record(args: argparse.Namespace) -> int:
         ids = [loaded.prompt_ids(p["text"]) for p in prompts]
     target = loaded.model
     try:
-        drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress)
+        drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress, head=args.draft_head)
         specs, profile = {}, None
         if "tree" in args.policies:
             specs["tree"] = SpecConfig("tree", tree=tree)

@@ -13,7 +13,7 @@ from . import arg_types
 from .limits import MAX_TREE_NODES
 from ..memory.run_plan import memory_report
 from .memory_limit import plan_memory, print_memory_line
-from .options import add_backend_options, add_cache_dir, add_dram_budget, add_reader_options, add_target_choice
+from .options import add_backend_options, add_cache_dir, add_draft_head, add_dram_budget, add_reader_options, add_target_choice
 
 # KV rows a streamed target budgets for, as `lever generate` does for short
 # runs, so the profile sees the residency (pinned layers) of a real run
@@ -41,6 +41,7 @@ def add_parser(subparsers) -> None:
     add_target_choice(p)
     p.add_argument("--draft", type=arg_types.name, required=True, metavar="NAME",
                    help="draft model kept in DRAM (registered name or path); 'ngram' has nothing to measure")
+    add_draft_head(p)
     add_dram_budget(p)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
     p.add_argument("--kernels", default="native", choices=["native", "torch"],
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
                              tree_rows=args.max_n, sampling=False)
         loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
                             prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
-                            kv_tokens=PROFILE_KV_TOKENS, max_read_bytes_per_s=read_limit, tokenizer=tokenizer)
+                            kv_tokens=PROFILE_KV_TOKENS, max_read_bytes_per_s=read_limit, tokenizer=tokenizer,
+                            queue_depth=args.read_queue_depth)
     else:
         memory = plan_memory(args, target_name=args.target or DEFAULT_MODEL, draft=args.draft,
                              kv_tokens=PROFILE_KV_TOKENS, tree_rows=args.max_n, sampling=False)
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     npu_info = None
     try:
         draft = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress,
-                             kernels=args.kernels)
+                             kernels=args.kernels, head=args.draft_head)
         key = profile_key(target, draft.model, target_id=loaded.path, draft_id=draft.path, kernels=args.kernels,
                           reader_backend=args.reader, read_limit_bytes_per_s=read_limit,
                           dtype=args.dtype)

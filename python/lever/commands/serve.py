@@ -88,7 +88,7 @@ def build_specs(args: argparse.Namespace, mode: str, loaded):
     except ValueError as e:
         raise LeverError(str(e)) from None
     drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
-                           kernels=args.kernels) if args.draft else None
+                           kernels=args.kernels, head=args.draft_head) if args.draft else None
     base = SpecConfig("tree" if mode == "lever" else mode, args.draft_len, shape, draft_ahead=args.draft_ahead)
     if mode != "lever":
         return drafter, fixed_specs(base)
@@ -127,7 +127,7 @@ def load_target(args: argparse.Namespace, mode: str):
                          tree_rows=tree_rows, sampling=True)
     loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
                         prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, kv_tokens=kv_tokens,
-                        max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer)
+                        max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer, queue_depth=args.read_queue_depth)
     return loaded, memory
 
 

@@ -131,7 +131,8 @@ def load_target(args):
     if is_store:
         loaded = load_store(path, args.dram_budget, dtype=args.dtype, backend=args.reader,
                             prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, kv_tokens=kv_tokens,
-                            max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer)
+                            max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer,
+                            queue_depth=args.read_queue_depth)
     else:
         loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels)
     return loaded, path.name if path.exists() else args.model, memory

@@ -70,8 +70,11 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
 
     target_id / draft_id: the models' paths on disk (a store directory, a
     GGUF file, a checkpoint directory).  kernels: "native" or "torch".
-    reader_backend: as requested ("auto", "io_uring", "pread").
-    read_limit_bytes_per_s: the flash read cap (0 = none).  A streamed
+    reader_backend: as requested ("auto", "io_uring", "pread").  The draft
+    enters as its file and the bytes its weights hold as loaded (a head
+    re-quantised at load, `--draft-head q4_0`, is another draft).
+    read_limit_bytes_per_s: the flash read cap (0 = none).  The reader's
+    queue depth (chunk reads in flight) is read off the target.  A streamed
     target's memory enters as its residency (the pinned extents and the
     prefetch depth), not as the budget that produced it: budgets that pin the
     same layers share a profile.  For an in-memory target the reader, read
@@ -85,7 +88,7 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
     if streamed:
         r = target.reader.stats()
         backend.update(reader=reader_backend, reader_in_use=r["backend"], direct=bool(r["direct"]),
-                       read_limit_bytes_per_s=float(read_limit_bytes_per_s))
+                       read_queue_depth=int(r["queue_depth"]), read_limit_bytes_per_s=float(read_limit_bytes_per_s))
         memory = {"pinned": sorted(e.name for e in target.plan.pinned),
                   "prefetch_depth": target.plan.prefetch_depth}
         target_identity = store_identity(target.store_dir)
@@ -96,7 +99,8 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
     layers = static_layers(target)
     if layers is not None:          # a static-shape backend (lever.npu): its buckets, SoC and versions
         backend["static"] = static_identity(layers)
-    key = {"target": target_identity, "draft": model_identity(draft_id), "backend": backend,
+    draft = {**model_identity(draft_id), "resident_weight_bytes": draft_model.resident_weight_bytes}
+    key = {"target": target_identity, "draft": draft, "backend": backend,
            "memory": memory, "dtype": dtype_name(dtype), "machine": machine_identity()}
     return json.loads(json.dumps(key))          # plain JSON types, as read back from a file
 

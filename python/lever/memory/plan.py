@@ -55,12 +55,20 @@ def store_minimum(manifest, dtype_bytes: int = 2, kv_tokens: int = 2048, prefetc
     return parts
 
 
-def gguf_weight_bytes(gguf) -> int:
+def gguf_weight_bytes(gguf, head_type: str = "stored") -> int:
     """Bytes of every tensor of a GGUF file (a path or a parsed `GGUFFile`), as
-    stored (what resident weights occupy)."""
+    stored (what resident weights occupy); head_type "q4_0": with the output
+    head (a tied model's one table) at Q4_0's 18 bytes per 32 weights where
+    that is smaller, as lever.model.native_loader loads it."""
     from ..model.gguf_file import GGUFFile
+    from ..quant import Q4_0, block_size, type_size
     g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
-    return sum(t.nbytes for t in g.tensors.values())
+    total = sum(t.nbytes for t in g.tensors.values())
+    if head_type == "q4_0":
+        head = g.tensors.get("output.weight") or g.tensors["token_embd.weight"]
+        as_q4_0 = head.n_elements // block_size(Q4_0) * type_size(Q4_0)
+        total -= max(0, head.nbytes - as_q4_0)
+    return total
 
 
 def default_margin(limit_bytes: int) -> int:

@@ -34,22 +34,23 @@ def pass_scratch_bytes(cfg, rows: int, logits_rows: int) -> int:
     return rows * per_row * FLOAT_BYTES + 3 * logits_rows * cfg.vocab_size * FLOAT_BYTES
 
 
-def _gguf_sizes(path):
-    """(ModelConfig, weight bytes) of a GGUF file, from one parse of its header."""
+def _gguf_sizes(path, head_type: str = "stored"):
+    """(ModelConfig, weight bytes) of a GGUF file loaded with `head_type`, from one parse of its header."""
     from ..model.gguf_config import config_from_gguf
     from ..model.gguf_file import GGUFFile
     g = GGUFFile(path)
-    return config_from_gguf(g), gguf_weight_bytes(g)
+    return config_from_gguf(g), gguf_weight_bytes(g, head_type)
 
 
 def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_tokens: int,
              tree_rows: int, sampling: bool, dtype: str, prefetch_depth: int | str = "auto",
-             baseline_bytes: int | None = None) -> tuple[MemoryPlan, int | None]:
+             baseline_bytes: int | None = None, draft_head: str = "stored") -> tuple[MemoryPlan, int | None]:
     """The plan of one run under `limit` (bytes or '868MB') and the target
     store's DRAM budget (bytes; None for an in-memory target).
 
     target_store: a store directory, or target_path: a GGUF loaded into DRAM.
-    draft_path: the draft model's GGUF (None: no draft model, e.g. n-grams).
+    draft_path: the draft model's GGUF (None: no draft model, e.g. n-grams),
+    loaded with its head as `draft_head` ("stored" or "q4_0").
     kv_tokens: KV rows per sequence (prompt + new tokens + tree); tree_rows:
     rows of the largest target pass; sampling: logits rows are kept (greedy
     keeps one argmax per row).  prefetch_depth: the store's ring, an integer
@@ -61,7 +62,7 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
     dbytes = dtype_bytes(dtype)
     draft_weights = draft_kv = draft_scratch = 0
     if draft_path is not None:
-        dcfg, draft_weights = _gguf_sizes(draft_path)
+        dcfg, draft_weights = _gguf_sizes(draft_path, draft_head)
         draft_kv = kv_bytes(dcfg, kv_tokens, dbytes)
         # greedy drafting ranks rows with the native top-k head; sampling keeps logits rows
         draft_scratch = pass_scratch_bytes(dcfg, tree_rows, tree_rows if sampling else 0)

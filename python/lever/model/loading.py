@@ -32,13 +32,18 @@ from ..errors import LeverError, ModelFormatError
 KERNELS = ("native", "torch")
 
 
-def load_model(path: str | os.PathLike, dtype="bfloat16", kernels: str = "native"):
+def load_model(path: str | os.PathLike, dtype="bfloat16", kernels: str = "native", head_type: str = "stored"):
     """(model, parsed GGUFFile or None for a checkpoint directory) for the model
     file or directory at `path`.  dtype: "bfloat16" or "float32" (aliases as in
     lever.dtypes.dtype_name): the KV cache's element type on the native
-    decoder, the compute dtype on the torch reference."""
+    decoder, the compute dtype on the torch reference.  head_type "q4_0":
+    the output head re-quantised to Q4_0 (native kernels and a GGUF file only;
+    lever.model.native_loader.ResidentWeights)."""
     if kernels not in KERNELS:
         raise LeverError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
+    if head_type != "stored" and (kernels != "native" or Path(path).is_dir()):
+        raise LeverError(f"a {head_type} head needs the native kernels and a GGUF file, "
+                         f"not {'a checkpoint directory' if Path(path).is_dir() else 'kernels ' + kernels}")
     dtype = dtype_name(dtype)
     path = Path(path)
     if path.is_dir():
@@ -50,4 +55,4 @@ def load_model(path: str | os.PathLike, dtype="bfloat16", kernels: str = "native
         from .torch_reference import load_gguf_torch
         return load_gguf_torch(path, dtype, quantized=False)
     from .native_loader import load_gguf_native
-    return load_gguf_native(path, dtype)
+    return load_gguf_native(path, dtype, head_type)

@@ -32,6 +32,7 @@ from gguf.constants import GGMLQuantizationType
 from .. import _native
 from ..errors import ModelFormatError, UnsupportedModelError
 from ..files import open_regular
+from ..quant import Q4_0, block_size, dequantize, quantize_q4_0, type_size
 from ..store.flash_reader import aligned_empty
 from .config import ModelConfig, layer_shapes
 from .gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
@@ -116,13 +117,29 @@ def read_tensor(fd: int, info: TensorInfo, dst: np.ndarray, path: Path, row_orde
     preadv_exactly(fd, [memoryview(rows[i]) for i in target.tolist()], info.offset, path)
 
 
+HEAD_TYPES = ("stored", "q4_0")
+
+
+def _bytes_per_element(qtype: int) -> float:
+    return type_size(qtype) / block_size(qtype)
+
+
 class ResidentWeights:
     """Every weight of a GGUF model in DRAM (see the module docstring): the weight
     source of a `NativeDecoder`.  weight_bytes: bytes held by all weight buffers
     (tensor bytes plus at most TENSOR_ALIGNMENT bytes of padding per tensor and
-    buffer); tensor_bytes: the tensors' own bytes (the final norm as float32)."""
+    buffer); tensor_bytes: the tensors' own bytes (the final norm as float32).
 
-    def __init__(self, g: GGUFFile, cfg: ModelConfig):
+    head_type "q4_0" re-quantises an output head stored with more than Q4_0's
+    4.5 bits per weight to Q4_0 as it loads (`_read_as_q4_0`); a tied model's
+    one table then serves the embedding lookups as Q4_0 too.  For a draft
+    model: its head is read in full by every draft forward (a third of
+    Qwen2.5-0.5B's bytes per forward at Q8_0), and what the draft proposes
+    never changes the target's output, only how often it is accepted."""
+
+    def __init__(self, g: GGUFFile, cfg: ModelConfig, head_type: str = "stored"):
+        if head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {', '.join(HEAD_TYPES)}, got {head_type!r}")
         self.path = g.path
         self._check_types(g, cfg)
         with open_regular(g.path) as f:
@@ -135,11 +152,16 @@ class ResidentWeights:
                 self.buffers.append(buffer)
                 self.layouts.append(layout)
             embed = g.tensors["token_embd.weight"]
-            self.embedding = _read_whole(fd, embed, g.path)
-            self.embedding_qtype = embed.qtype
             head = embed if cfg.tie_word_embeddings else g.tensors["output.weight"]
-            self.head = self.embedding if cfg.tie_word_embeddings else _read_whole(fd, head, g.path)
-            self.head_parts = [(0, cfg.vocab_size, head.qtype)]
+            to_q4_0 = head_type == "q4_0" and _bytes_per_element(head.qtype) > _bytes_per_element(Q4_0)
+            head_qtype = Q4_0 if to_q4_0 else head.qtype
+            if cfg.tie_word_embeddings:
+                self.embedding = _read_as_q4_0(fd, head, g.path) if to_q4_0 else _read_whole(fd, embed, g.path)
+                self.head, self.embedding_qtype = self.embedding, head_qtype
+            else:
+                self.embedding, self.embedding_qtype = _read_whole(fd, embed, g.path), embed.qtype
+                self.head = _read_as_q4_0(fd, head, g.path) if to_q4_0 else _read_whole(fd, head, g.path)
+            self.head_parts = [(0, cfg.vocab_size, head_qtype)]
             norm = g.tensors["output_norm.weight"]
             raw = np.empty(norm.nbytes, dtype=np.uint8)
             read_tensor(fd, norm, raw, g.path)
@@ -152,7 +174,7 @@ class ResidentWeights:
         names = [f"blk.{i}.{n}" for i in range(cfg.n_layers) for n in _gguf_layer_names(cfg)]
         names += ["token_embd.weight"] + ([] if cfg.tie_word_embeddings else ["output.weight"])
         self.tensor_bytes = sum(g.tensors[n].nbytes for n in names) + self.norm.nbytes
-
+        self.tensor_bytes -= head.nbytes - self.head.nbytes            # a head read as Q4_0
     @staticmethod
     def _check_types(g: GGUFFile, cfg: ModelConfig) -> None:
         for i in range(cfg.n_layers):
@@ -222,6 +244,25 @@ def _read_whole(fd: int, info: TensorInfo, path: Path) -> np.ndarray:
     return buffer
 
 
+Q4_0_CHUNK_ROWS = 4096        # rows read, dequantised and re-quantised at a time by `_read_as_q4_0`
+
+
+def _read_as_q4_0(fd: int, info: TensorInfo, path: Path) -> np.ndarray:
+    """2-d tensor `info` of the file at `path`, re-quantised to Q4_0 into a new
+    aligned buffer, Q4_0_CHUNK_ROWS rows at a time: the stored tensor is never
+    held whole, so loading peaks at the Q4_0 buffer plus one chunk (stored
+    bytes and float32 values), not at both copies."""
+    rows, cols = info.shape
+    stored_row = info.nbytes // rows
+    out = aligned_buffer(rows * (cols // block_size(Q4_0) * type_size(Q4_0))).reshape(rows, -1)
+    for first in range(0, rows, Q4_0_CHUNK_ROWS):
+        n = min(Q4_0_CHUNK_ROWS, rows - first)
+        raw = np.empty(n * stored_row, dtype=np.uint8)
+        preadv_exactly(fd, [memoryview(raw)], info.offset + first * stored_row, path)
+        out[first:first + n] = quantize_q4_0(dequantize(raw, info.qtype, (n, cols)))
+    return out.reshape(-1)
+
+
 def _no_release() -> None:
     pass
 
@@ -231,15 +272,16 @@ def _gguf_layer_names(cfg: ModelConfig) -> list[str]:
     return [_GGUF_LAYER_NAMES[n] for n in layer_shapes(cfg)]
 
 
-def load_gguf_native(path, dtype="bfloat16") -> tuple[NativeDecoder, GGUFFile]:
+def load_gguf_native(path, dtype="bfloat16", head_type: str = "stored") -> tuple[NativeDecoder, GGUFFile]:
     """A `NativeDecoder` over every weight of the GGUF file at `path`, read into
-    DRAM; dtype: its KV cache's element type ("float32" or "bfloat16").  Also
+    DRAM; dtype: its KV cache's element type ("float32" or "bfloat16");
+    head_type: "stored" or "q4_0" (`ResidentWeights`).  Also
     returns the parsed file (metadata, tokenizer).  The file's page cache is
     released once its tensors are read (posix_fadvise DONTNEED: it would count
     against the memory cgroup)."""
     g = GGUFFile(path)
     cfg = config_from_gguf(g)
-    weights = ResidentWeights(g, cfg)
+    weights = ResidentWeights(g, cfg, head_type)
     model = NativeDecoder(cfg, weights, dtype)
     for i, layout in enumerate(weights.layouts):
         try:

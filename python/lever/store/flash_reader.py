@@ -49,6 +49,7 @@ __all__ = [
     "FlashReadError",
     "ChecksumError",
     "ALIGNMENT",
+    "DEFAULT_QUEUE_DEPTH",
     "aligned_empty",
     "chunk_checksums",
     "crc32c",
@@ -57,6 +58,13 @@ __all__ = [
 
 ALIGNMENT = 4096
 """File offsets, lengths and (for O_DIRECT) memory must be multiples of this (bytes)."""
+
+DEFAULT_QUEUE_DEPTH = 8
+"""Chunk reads (1 MiB each) in flight by default.  On the development VM,
+reading a 1.1 GB store pass by pass through 8 slots with 8, 16 and 32 reads in
+flight gave the same speed within noise once each reader had been made in
+a fair order (bench/reader_queue_depth.py); phone UFS queues hold 32
+commands.  `--read-queue-depth` sets another depth for a device that wants one."""
 
 
 class FlashReader:
@@ -80,7 +88,7 @@ class FlashReader:
     """
 
     def __init__(self, path, slot_bytes: int, n_slots: int, backend: str = "auto",
-                 direct: bool = True, queue_depth: int = 8, chunk_bytes: int = 1 << 20,
+                 direct: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH, chunk_bytes: int = 1 << 20,
                  pread_threads: int = 4, max_bytes_per_s: float = 0.0):
         self._native = _native.FlashReader(
             os.fspath(path), int(slot_bytes), int(n_slots), backend=backend, direct=bool(direct),

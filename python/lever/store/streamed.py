@@ -43,7 +43,7 @@ from ..dtypes import dtype_bytes
 from ..errors import ChecksumError, FlashReadError, StoreError
 from ..model.native_decoder import NativeDecoder, PassStats, dtype_name
 from ..model.native_loader import check_token_ids, check_type
-from .flash_reader import FlashReader, aligned_empty, crc32c
+from .flash_reader import DEFAULT_QUEUE_DEPTH, FlashReader, aligned_empty, crc32c
 from .manifest import WEIGHTS, Extent, StoreManifest
 from .residency import ResidencyPlan, plan_residency
 
@@ -286,14 +286,15 @@ class StreamedDecoder(NativeDecoder):
     in the ring, or "auto": two (the greedy plan leaves less than a slot, see
     lever.store.residency), re-planned by mode lever from the profile (`replan`).  kv_tokens: tokens the budget reserves KV cache room for.
     max_read_bytes_per_s: pace flash reads to at most this many bytes per
-    second (emulates slower flash); 0 = unlimited.  Matrices are always
+    second (emulates slower flash); 0 = unlimited.  queue_depth: chunk reads
+    (of the store's chunk_bytes, 1 MiB) in flight at most.  Matrices are always
     multiplied as stored (a type without a kernel needs a bf16 store).
     stage_times: as `NativeDecoder.stage_times` (waiting on flash excluded).
     """
 
     def __init__(self, store_dir: str | os.PathLike, dram_budget: int, dtype="bfloat16",
                  backend: str = "auto", prefetch_depth: int | str = "auto", kv_tokens: int = 2048,
-                 direct: bool = True, queue_depth: int = 8,
+                 direct: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH,
                  max_read_bytes_per_s: float = 0.0):
         if max_read_bytes_per_s < 0:
             raise ValueError(f"max_read_bytes_per_s must be >= 0, got {max_read_bytes_per_s}")
