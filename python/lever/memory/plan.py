@@ -61,14 +61,10 @@ def gguf_weight_bytes(gguf, head_type: str = "stored") -> int:
     head (a tied model's one table) at Q4_0's 18 bytes per 32 weights where
     that is smaller, as lever.model.native_loader loads it."""
     from ..model.gguf_file import GGUFFile
-    from ..quant import Q4_0, block_size, type_size
+    from ..model.native_loader import head_bytes_as_loaded
     g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
-    total = sum(t.nbytes for t in g.tensors.values())
-    if head_type == "q4_0":
-        head = g.tensors.get("output.weight") or g.tensors["token_embd.weight"]
-        as_q4_0 = head.n_elements // block_size(Q4_0) * type_size(Q4_0)
-        total -= max(0, head.nbytes - as_q4_0)
-    return total
+    head = g.tensors.get("output.weight") or g.tensors["token_embd.weight"]
+    return sum(t.nbytes for t in g.tensors.values()) - head.nbytes + head_bytes_as_loaded(head, head_type)
 
 
 def default_margin(limit_bytes: int) -> int:

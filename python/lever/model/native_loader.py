@@ -32,11 +32,11 @@ from gguf.constants import GGMLQuantizationType
 from .. import _native
 from ..errors import ModelFormatError, UnsupportedModelError
 from ..files import open_regular
-from ..quant import Q4_0, block_size, dequantize, quantize_q4_0, type_size
+from ..quant import Q4_0, dequantize, quantize_q4_0
 from ..store.flash_reader import aligned_empty
 from .config import ModelConfig, layer_shapes
 from .gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
-from .gguf_file import GGUFFile, TensorInfo
+from .gguf_file import GGUFFile, TensorInfo, tensor_nbytes
 from .native_decoder import NativeDecoder
 
 TENSOR_ALIGNMENT = 64                       # bytes; buffers and tensors inside them start on this boundary
@@ -120,8 +120,13 @@ def read_tensor(fd: int, info: TensorInfo, dst: np.ndarray, path: Path, row_orde
 HEAD_TYPES = ("stored", "q4_0")
 
 
-def _bytes_per_element(qtype: int) -> float:
-    return type_size(qtype) / block_size(qtype)
+def head_bytes_as_loaded(head: TensorInfo, head_type: str) -> int:
+    """Bytes the output head `head` holds once loaded with `head_type`: as
+    stored, or under "q4_0" its Q4_0 size where that is smaller (only then is
+    it re-quantised).  The loader and the --memory-limit plan both use this."""
+    if head_type == "q4_0":
+        return min(head.nbytes, tensor_nbytes(Q4_0, head.n_elements))
+    return head.nbytes
 
 
 class ResidentWeights:
@@ -153,7 +158,7 @@ class ResidentWeights:
                 self.layouts.append(layout)
             embed = g.tensors["token_embd.weight"]
             head = embed if cfg.tie_word_embeddings else g.tensors["output.weight"]
-            to_q4_0 = head_type == "q4_0" and _bytes_per_element(head.qtype) > _bytes_per_element(Q4_0)
+            to_q4_0 = head_bytes_as_loaded(head, head_type) < head.nbytes
             head_qtype = Q4_0 if to_q4_0 else head.qtype
             if cfg.tie_word_embeddings:
                 self.embedding = _read_as_q4_0(fd, head, g.path) if to_q4_0 else _read_whole(fd, embed, g.path)
@@ -254,7 +259,7 @@ def _read_as_q4_0(fd: int, info: TensorInfo, path: Path) -> np.ndarray:
     bytes and float32 values), not at both copies."""
     rows, cols = info.shape
     stored_row = info.nbytes // rows
-    out = aligned_buffer(rows * (cols // block_size(Q4_0) * type_size(Q4_0))).reshape(rows, -1)
+    out = aligned_buffer(tensor_nbytes(Q4_0, info.n_elements)).reshape(rows, -1)
     for first in range(0, rows, Q4_0_CHUNK_ROWS):
         n = min(Q4_0_CHUNK_ROWS, rows - first)
         raw = np.empty(n * stored_row, dtype=np.uint8)
