@@ -9,14 +9,17 @@ O_DIRECT and the store's chunk size (1 MiB), once per queue depth per round.
 The depths take turns inside each round, in reverse order every other round,
 so a disk whose speed drifts from one second to the next (the development VM's
 reads between 1 and 2.4 GiB/s) slows every depth alike: compare the medians.
-On that VM a reader's speed also depended on its slot buffers: one reader
-could read at 0.8-1.2 GiB/s for all its passes while another, made in the same
-process, read at 1.7-2.0, whatever their depths (the same with plain buffers
-read by `FlashReader.read`; the VM gave no huge pages).  It was most often the
-first reader a process made, so the sweep makes and closes a throwaway reader
-first, which helped in most trials but not all.  Run the sweep more than once,
-with the depths in another order and with --fresh (a new reader per pass),
-before trusting a difference between depths.
+On that VM a reader's speed also depended on its slot buffers when they were
+on 4 KiB pages: one reader could read at 0.8-1.2 GiB/s for all its passes
+while another, made in the same process, read at 1.7-2.0, whatever their
+depths.  The cause was the pages: a 1 MiB chunk of 4 KiB pages has more
+segments than a request may (max_segments), so each chunk went out as two
+requests, and how well the pieces merged depended on where the pages lay.
+Readers now put their slots on huge pages (csrc/io/slot_memory.h;
+bench/reader_buffers.py compares the two), which ended the slow readers;
+the sweep still makes and closes a throwaway reader first.  Run it more
+than once, with the depths in another order and with --fresh (a new
+reader per pass), before trusting a difference between depths.
 
 Prints GiB/s per depth (median, mean, min, max over rounds) and writes
 reader_queue_depth.json and reader_queue_depth.png (median with min-max bars)

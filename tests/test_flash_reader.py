@@ -420,6 +420,85 @@ def test_buffered_on_request_is_not_a_fallback(data_file, backend):
 
 
 # ---------------------------------------------------------------------------
+# Slot buffers on huge pages
+
+def thp_mode() -> str:
+    """This kernel's transparent huge page mode ("always", "madvise", "never"), or "" if none."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return ""
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else ""
+
+
+def smaps_huge_bytes(view: np.ndarray) -> int:
+    """AnonHugePages of the mapping holding `view` (bytes), read from /proc/self/smaps here."""
+    at = view.__array_interface__["data"][0]
+    inside, total = False, 0
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= at < hi
+        elif inside and line.startswith("AnonHugePages:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_slot_buffers_on_huge_pages(data_file, backend):
+    """Slots of >= 2 MiB get huge pages where the kernel offers them (THP "always" or
+    "madvise"), the stats count them as smaps does, and reads into them are exact."""
+    path, data = data_file
+    with FlashReader(path, 4 * MiB, 3, backend=backend) as reader:
+        s = reader.stats()
+        assert s["huge_pages_requested"] is True and s["slot_buffer_bytes"] == 12 * MiB
+        if thp_mode() in ("always", "madvise"):
+            assert s["huge_page_bytes"] == 12 * MiB and s["huge_pages_reason"] is None
+        else:
+            assert s["huge_page_bytes"] == 0 and "huge pages" in s["fallback_reason"]
+        for slot in range(3):
+            reader.submit(slot, (slot + 1) * 4 * MiB, 4 * MiB, chunk_checksums(data[(slot + 1) * 4 * MiB:][:4 * MiB], MiB))
+        views = [reader.wait(slot) for slot in range(3)]
+        for slot, view in enumerate(views):
+            np.testing.assert_array_equal(view, data[(slot + 1) * 4 * MiB:][:4 * MiB])
+            assert view.__array_interface__["data"][0] % (2 * MiB) == 0
+        assert sum(smaps_huge_bytes(v) for v in views) >= s["huge_page_bytes"]
+
+
+def test_huge_pages_off_on_request(data_file, monkeypatch):
+    """huge_pages=False, or LEVER_HUGE_PAGES=0, keeps 4 KiB pages; that is no fallback."""
+    path, data = data_file
+    with FlashReader(path, 4 * MiB, 2, huge_pages=False) as reader:
+        s = reader.stats()
+        assert s["huge_pages_requested"] is False and s["huge_page_bytes"] == 0
+        assert "requested" in s["huge_pages_reason"] and s["fallback_reason"] is None
+        reader.submit(1, 0, 4 * MiB)
+        np.testing.assert_array_equal(reader.wait(1), data[:4 * MiB])
+        assert smaps_huge_bytes(reader.wait(1)) == 0
+    monkeypatch.setenv("LEVER_HUGE_PAGES", "0")
+    with FlashReader(path, 4 * MiB, 2) as reader:
+        assert reader.stats()["huge_pages_requested"] is False
+    if thp_mode() in ("always", "madvise"):
+        monkeypatch.setenv("LEVER_HUGE_PAGES", "1")
+        with FlashReader(path, 4 * MiB, 2, huge_pages=False) as reader:
+            assert reader.stats()["huge_page_bytes"] == 8 * MiB
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "on", " 1"])
+def test_bad_huge_pages_variable(data_file, monkeypatch, value):
+    monkeypatch.setenv("LEVER_HUGE_PAGES", value)
+    with pytest.raises(ValueError, match="LEVER_HUGE_PAGES must be 0 or 1"):
+        FlashReader(data_file[0], 4 * MiB, 1)
+
+
+def test_small_slots_ask_for_no_huge_pages(data_file):
+    """Slots under 2 MiB cannot hold a huge page: nothing is missing, nothing reported."""
+    with FlashReader(data_file[0], MiB, 2) as reader:
+        s = reader.stats()
+    assert s["huge_page_bytes"] == 0 and s["huge_pages_reason"] is None and s["fallback_reason"] is None
+
+
+# ---------------------------------------------------------------------------
 # Statistics, pacing, shutdown
 
 def test_stats_are_exact(data_file, backend):

@@ -176,6 +176,20 @@ def test_every_key_change_is_another_file(streamed, smollm2_path, smol, tmp_path
         streamed_key(streamed, smollm2_path, kernels="fast")
 
 
+def test_huge_pages_are_in_the_key(streamed, smollm2_path, tmp_path, monkeypatch):
+    """Slots on 4 KiB pages read at another rate than slots on huge pages: another profile."""
+    base = streamed_key(streamed, smollm2_path)
+    assert base["backend"]["read_huge_pages"] == (streamed.reader.stats()["huge_page_bytes"] > 0)
+    monkeypatch.setenv("LEVER_HUGE_PAGES", "0")
+    small = StreamedDecoder(streamed.store_dir, streamed.plan.budget)
+    try:
+        key = streamed_key(small, smollm2_path)
+    finally:
+        small.close()
+    assert key["backend"]["read_huge_pages"] is False
+    assert (profile_path(key, tmp_path) != profile_path(base, tmp_path)) == base["backend"]["read_huge_pages"]
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "other key", "other version"])
 def test_damaged_cache_file_is_measured_again(damage, smol, smollm2_path, tmp_path, counted, capsys):
     key = resident_key(smol, smollm2_path)

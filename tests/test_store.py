@@ -180,6 +180,25 @@ def test_stats_count_streamed_bytes(qwen_store):
     model.close()
 
 
+@pytest.mark.parametrize("huge", ["1", "0"])
+def test_plan_counts_the_memory_the_ring_takes(qwen_store, monkeypatch, huge):
+    """The plan's ring is what the reader's slot buffers take (whole 2 MiB pages for slots
+    of 2 MiB and more, counted whether or not the kernel gives huge pages)."""
+    monkeypatch.setenv("LEVER_HUGE_PAGES", huge)
+    model = StreamedDecoder(qwen_store, minimum_budget(qwen_store), "bfloat16")
+    try:
+        r = model.report()["reader"]
+        plan = model.plan
+        assert plan.slot_bytes >= max(e.length for e in plan.streamed)
+        if max(e.length for e in plan.streamed) >= 2 << 20:
+            assert plan.slot_bytes % (2 << 20) == 0
+        assert plan.slot_bytes - max(e.length for e in plan.streamed) < 2 << 20
+        assert r["slot_buffer_bytes"] == plan.ring_bytes
+        assert r["huge_page_bytes"] <= r["slot_buffer_bytes"] and (huge == "1" or r["huge_page_bytes"] == 0)
+    finally:
+        model.close()
+
+
 def test_forced_io_uring_unavailable_falls_back(qwen_store, monkeypatch):
     monkeypatch.setenv("LEVER_IO_URING", "0")
     model = StreamedDecoder(qwen_store, minimum_budget(qwen_store), "bfloat16")

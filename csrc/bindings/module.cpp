@@ -144,6 +144,10 @@ py::dict stats_dict(const FlashReader& reader) {
   d["backend_reason"] = none_if_empty(s.backend_reason);
   d["direct_reason"] = none_if_empty(s.direct_reason);
   d["registered_buffers"] = s.registered_buffers;
+  d["huge_pages_requested"] = s.huge_pages_requested;
+  d["slot_buffer_bytes"] = s.slot_buffer_bytes;
+  d["huge_page_bytes"] = s.huge_page_bytes;
+  d["huge_pages_reason"] = none_if_empty(s.huge_pages_reason);
   d["queue_depth"] = s.queue_depth;
   d["chunk_bytes"] = s.chunk_bytes;
   d["pread_threads"] = s.pread_threads;
@@ -164,7 +168,7 @@ py::dict stats_dict(const FlashReader& reader) {
 std::unique_ptr<FlashReader> make_reader(const std::string& path, size_t slot_bytes, int n_slots,
                                          const std::string& backend, bool direct, int queue_depth,
                                          uint32_t chunk_bytes, int pread_threads,
-                                         double max_bytes_per_s) {
+                                         double max_bytes_per_s, bool huge_pages) {
   lever::io::ReaderOptions options;
   options.backend = backend;
   options.direct = direct;
@@ -172,6 +176,7 @@ std::unique_ptr<FlashReader> make_reader(const std::string& path, size_t slot_by
   options.chunk_bytes = chunk_bytes;
   options.pread_threads = pread_threads;
   options.max_bytes_per_s = max_bytes_per_s;
+  options.huge_pages = huge_pages;
   py::gil_scoped_release no_gil;
   return std::make_unique<FlashReader>(path, slot_bytes, n_slots, options);
 }
@@ -224,6 +229,8 @@ void bind_flash_reader(py::module_& m) {
         R"doc(CRC32C (Castagnoli) of a C-contiguous buffer's bytes, continuing from
 `value` (the CRC of the preceding bytes; zlib convention, so
 crc32c(b, crc32c(a)) == crc32c(a + b)). Releases the GIL.)doc");
+  m.def("slot_memory_bytes", &lever::io::slot_memory_bytes, py::arg("bytes"), py::arg("huge_pages") = true,
+        "Bytes of memory a FlashReader slot buffer of `bytes` takes (huge-page slots of >= 2 MiB: whole 2 MiB pages).");
   m.def("crc32c_implementation", &lever::io::crc32c_implementation,
         "CRC32C code in use: 'sse4.2', 'armv8-crc' or 'slicing-by-8'.");
 
@@ -232,7 +239,7 @@ See lever.store.flash_reader.FlashReader for the documented wrapper.)doc")
       .def(py::init(&make_reader), py::arg("path"), py::arg("slot_bytes"), py::arg("n_slots"),
            py::arg("backend") = "auto", py::arg("direct") = true, py::arg("queue_depth") = 8,
            py::arg("chunk_bytes") = 1u << 20, py::arg("pread_threads") = 4,
-           py::arg("max_bytes_per_s") = 0.0)
+           py::arg("max_bytes_per_s") = 0.0, py::arg("huge_pages") = true)
       .def("submit", &reader_submit, py::arg("slot"), py::arg("offset"), py::arg("length"),
            py::arg("chunk_crcs") = py::none(), py::arg("label") = "")
       .def("wait", &reader_wait, py::arg("slot"))

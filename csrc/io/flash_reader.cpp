@@ -63,26 +63,6 @@ bool is_power_of_two(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 // ---------------------------------------------------------------------------
 // Helpers
 
-// A 4096-aligned heap buffer (what O_DIRECT needs).
-class FlashReader::AlignedBuffer {
- public:
-  explicit AlignedBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes == 0) return;
-    void* p = nullptr;
-    if (posix_memalign(&p, kAlignment, bytes) != 0) throw std::bad_alloc();
-    data_ = static_cast<uint8_t*>(p);
-  }
-  ~AlignedBuffer() { std::free(data_); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  uint8_t* data() const { return data_; }
-  size_t size() const { return bytes_; }
-
- private:
-  uint8_t* data_ = nullptr;
-  size_t bytes_;
-};
-
 // Adds up the time during which at least one read is in flight.
 class FlashReader::BusyClock {
  public:
@@ -168,8 +148,8 @@ struct FlashReader::Extent {
 };
 
 struct FlashReader::Slot {
-  explicit Slot(size_t bytes) : buffer(bytes) {}
-  AlignedBuffer buffer;
+  Slot(size_t bytes, bool huge_pages) : buffer(bytes, huge_pages) {}
+  SlotMemory buffer;
   Extent extent;
 };
 
@@ -216,7 +196,11 @@ FlashReader::FlashReader(const std::string& path, size_t slot_bytes, int n_slots
 
   busy_ = std::make_unique<BusyClock>();
   pacer_ = std::make_unique<Pacer>(options.max_bytes_per_s);
-  for (int i = 0; i < n_slots; ++i) slots_.push_back(std::make_unique<Slot>(slot_bytes));
+  huge_pages_requested_ = choose_huge_pages(options.huge_pages, std::getenv("LEVER_HUGE_PAGES"));
+  for (int i = 0; i < n_slots; ++i) {
+    slots_.push_back(std::make_unique<Slot>(slot_bytes, huge_pages_requested_));
+  }
+  describe_slot_pages();
 
   open_file(options.direct);
   try {
@@ -225,6 +209,31 @@ FlashReader::FlashReader(const std::string& path, size_t slot_bytes, int n_slots
     ::close(fd_);
     fd_ = -1;
     throw;
+  }
+}
+
+// What backs the slot buffers (measured once: their pages were touched when made).
+void FlashReader::describe_slot_pages() {
+  std::vector<std::pair<const void*, size_t>> ranges;
+  for (const auto& slot : slots_) {
+    ranges.emplace_back(slot->buffer.data(), slot->buffer.mapped());
+    slot_buffer_bytes_ += slot->buffer.mapped();
+  }
+  if (!huge_pages_requested_) {
+    huge_pages_reason_ = "4 KiB pages requested (huge_pages off or LEVER_HUGE_PAGES=0)";
+    return;
+  }
+  if (slot_bytes_ < kHugePageBytes) return;  // too small for a huge page: nothing to ask for
+  huge_page_bytes_ = huge_page_bytes(ranges);
+  if (huge_page_bytes_ > 0) return;
+  const std::string mode = transparent_huge_page_mode();
+  if (mode.empty()) {
+    huge_pages_reason_ = "this kernel has no transparent huge pages: slot buffers on 4 KiB pages";
+  } else if (mode == "never") {
+    huge_pages_reason_ = "transparent huge pages are off on this kernel ([never]): slot buffers on 4 KiB pages";
+  } else {
+    huge_pages_reason_ = "the kernel gave no huge pages (THP mode " + mode +
+                         "; fragmented memory or a memory limit): slot buffers on 4 KiB pages";
   }
 }
 
@@ -546,7 +555,8 @@ void FlashReader::read_staged(uint64_t offset, uint64_t length, uint8_t* out,
   // checksums are a slice of chunk_crcs.
   const uint64_t window = std::max<uint64_t>(chunk_bytes_, kStagingBytes);
   const size_t stage_bytes = static_cast<size_t>(std::min(window, length));
-  AlignedBuffer stage[2] = {AlignedBuffer(stage_bytes), AlignedBuffer(stage_bytes)};
+  // Short-lived and small: on 4 KiB pages.
+  SlotMemory stage[2] = {SlotMemory(stage_bytes, false), SlotMemory(stage_bytes, false)};
   Extent part[2];
 
   auto start_part = [&](int i, uint64_t pos) {
@@ -697,6 +707,10 @@ ReaderStats FlashReader::stats() const {
   s.direct_reason = direct_reason_;
   s.registered_buffers = registered_buffers_;
   s.buffers_reason = buffers_reason_;
+  s.huge_pages_requested = huge_pages_requested_;
+  s.slot_buffer_bytes = slot_buffer_bytes_;
+  s.huge_page_bytes = huge_page_bytes_;
+  s.huge_pages_reason = huge_pages_reason_;
   s.queue_depth = queue_depth_;
   s.chunk_bytes = chunk_bytes_;
   s.pread_threads = pread_threads_;
@@ -732,6 +746,7 @@ std::string ReaderStats::fallback_reason() const {
   add(backend_reason);
   if (direct_requested && !direct) add(direct_reason);
   add(buffers_reason);
+  if (huge_pages_requested) add(huge_pages_reason);
   if (!faults.empty()) add("injected faults: " + faults);  // never measure these unawares
   return out;
 }

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "io/read_backend.h"
+#include "io/slot_memory.h"
 
 namespace lever {
 namespace io {
@@ -58,6 +59,10 @@ struct ReaderOptions {
   // Faults to inject (tests; grammar in io/fault_injection.h). "": those of
   // LEVER_IO_FAULTS, if set.
   std::string faults;
+  // Slot buffers on transparent huge pages where the kernel gives them (one
+  // request per several chunks instead of two per chunk; see
+  // io/slot_memory.h). LEVER_HUGE_PAGES=0 / =1 overrides this.
+  bool huge_pages = true;
 };
 
 // Default of ReaderOptions::read_timeout_s, seconds: generous, since a
@@ -102,6 +107,10 @@ struct ReaderStats {
   std::string direct_reason;     // why not O_DIRECT ("" if in use)
   bool registered_buffers = false;  // io_uring READ_FIXED on the slot buffers
   std::string buffers_reason;    // why not registered ("" if registered or pread)
+  bool huge_pages_requested = true;  // slot buffers asked for huge pages
+  uint64_t slot_buffer_bytes = 0;    // bytes of memory all slot buffers take (io/slot_memory.h)
+  uint64_t huge_page_bytes = 0;      // of those, bytes on huge pages (measured when made)
+  std::string huge_pages_reason;     // why none ("" if some, or if slots are under 2 MiB)
   int queue_depth = 0;
   uint32_t chunk_bytes = 0;
   int pread_threads = 0;         // 0 with io_uring
@@ -121,7 +130,7 @@ struct ReaderStats {
   uint64_t abandoned_reads = 0;
 
   // Everything that is not as requested (io_uring, O_DIRECT, registered
-  // buffers) and any injected faults, "; "-separated; "" if none.
+  // buffers, huge pages) and any injected faults, "; "-separated; "" if none.
   std::string fallback_reason() const;
 };
 
@@ -159,7 +168,8 @@ struct SlotView {
 class FlashReader final : private ChunkSink {
  public:
   // Opens `path` read-only and allocates n_slots buffers of slot_bytes
-  // (a multiple of 4096) each, 4096-aligned. Throws std::invalid_argument
+  // (a multiple of 4096) each, 4096-aligned, on huge pages where asked and
+  // given (options.huge_pages; io/slot_memory.h), every page touched. Throws std::invalid_argument
   // for bad arguments and FlashReadError if the file cannot be opened or
   // options.backend == "io_uring" is unavailable.
   FlashReader(const std::string& path, size_t slot_bytes, int n_slots,
@@ -213,7 +223,6 @@ class FlashReader final : private ChunkSink {
 
  private:
   struct Extent;
-  class AlignedBuffer;
   class BusyClock;
   class Pacer;
   struct Slot;
@@ -223,6 +232,7 @@ class FlashReader final : private ChunkSink {
   void on_chunk_done(const ChunkRead& chunk, const ChunkResult& result) override;
   void on_chunk_cancelled(const ChunkRead& chunk) override;
 
+  void describe_slot_pages();
   void open_file(bool want_direct);
   void create_backend(const ReaderOptions& options);
   void check_extent_args(const char* what, uint64_t offset, uint64_t length,
@@ -259,6 +269,10 @@ class FlashReader final : private ChunkSink {
   std::string buffers_reason_;
   bool registered_buffers_ = false;
   int pread_threads_ = 0;
+  bool huge_pages_requested_ = true;
+  uint64_t slot_buffer_bytes_ = 0;
+  uint64_t huge_page_bytes_ = 0;
+  std::string huge_pages_reason_;
 
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<BusyClock> busy_;

@@ -41,7 +41,9 @@ def print_header(args, b, kernels: dict) -> None:
               + (f" ({m.storage}, {m.weights_bytes / 1e6:,.0f} MB; budget {b.budget / 1e6:,.0f} MB, "
                  f"{t.plan.pinned_layers}/{m.config.n_layers} layers pinned, ring {t.plan.prefetch_depth} slots, "
                  f"{t.plan.streamed_bytes_per_pass / 1e6:,.1f} MB streamed per pass; "
-                 f"reader {reader['backend']} direct={reader['direct']} queue depth {reader['queue_depth']})"
+                 f"reader {reader['backend']} direct={reader['direct']} queue depth {reader['queue_depth']}, "
+                 f"{reader['huge_page_bytes'] / 2**20:,.0f} of {reader['slot_buffer_bytes'] / 2**20:,.0f} MiB "
+                 f"of slots on huge pages)"
                  if b.streamed else " (in memory)")
               + f" draft={args.draft if b.needs_draft else '-'} dtype={args.dtype}"
               + f" kernels={kernels['mode']} ({kernels['isa']}"

@@ -88,7 +88,8 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
     if streamed:
         r = target.reader.stats()
         backend.update(reader=reader_backend, reader_in_use=r["backend"], direct=bool(r["direct"]),
-                       read_queue_depth=int(r["queue_depth"]), read_limit_bytes_per_s=float(read_limit_bytes_per_s))
+                       read_queue_depth=int(r["queue_depth"]), read_huge_pages=bool(r["huge_page_bytes"]),
+                       read_limit_bytes_per_s=float(read_limit_bytes_per_s))
         memory = {"pinned": sorted(e.name for e in target.plan.pinned),
                   "prefetch_depth": target.plan.prefetch_depth}
         target_identity = store_identity(target.store_dir)

@@ -3,7 +3,9 @@ streamed from flash every pass, and what the fixed costs are.
 
 Fixed costs (bytes): the final norm, the KV cache for `kv_tokens` tokens,
 a cache of embedding rows, and -- unless everything is pinned -- a ring of
-`prefetch_depth` read buffers as large as the largest streamed extent.
+`prefetch_depth` read buffers as large as the largest streamed extent
+(`slot_size`: from 2 MiB up, rounded up to whole 2 MiB pages, which the
+reader backs with transparent huge pages; lever.store.flash_reader).
 Pinned extents are kept in their stored (possibly quantised) form and are
 used exactly like streamed ones: in place, by the native decoder (which
 multiplies the kernel block types and dense F32/F16/BF16 matrices directly,
@@ -52,6 +54,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .. import _native
 from ..errors import DramBudgetError, ReadLimitError
 from .manifest import Extent, StoreManifest
 
@@ -157,6 +160,12 @@ class ResidencyPlan:
                 "streamed_bytes_per_pass": self.streamed_bytes_per_pass}
 
 
+def slot_size(extents: list[Extent]) -> int:
+    """Bytes of memory one read buffer for the largest of `extents` takes (see the
+    module doc; counted so whether or not the kernel gives huge pages)."""
+    return _native.slot_memory_bytes(max(e.length for e in extents))
+
+
 def pass_order(m: StoreManifest) -> list[Extent]:
     """Extents in the order one forward pass uses them (globals excluded)."""
     return m.layers + m.head_parts
@@ -198,7 +207,7 @@ def plan_residency(m: StoreManifest, budget: int, dtype_bytes: int = 2, kv_token
     everything = base + sum(e.length for e in order)
     if budget >= everything:
         return ResidencyPlan(budget, order, [], 0, 0, fixed, "nothing streamed: every extent is pinned")
-    minimum = base + floor * max(e.length for e in order)
+    minimum = base + floor * slot_size(order)
     if budget < minimum:
         parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in fixed.items())
         raise DramBudgetError(
@@ -208,13 +217,13 @@ def plan_residency(m: StoreManifest, budget: int, dtype_bytes: int = 2, kv_token
     pinned: list[Extent] = []
     for i, e in enumerate(order):
         rest = order[i + 1:]
-        ring = floor * max(x.length for x in rest) if rest else 0
+        ring = floor * slot_size(rest) if rest else 0
         if base + sum(p.length for p in pinned) + e.length + ring > budget:
             break
         pinned.append(e)
     pinned_names = {e.name for e in pinned}
     streamed = [e for e in pass_order(m) if e.name not in pinned_names]
-    slot_bytes = max(e.length for e in streamed)
+    slot_bytes = slot_size(streamed)
     if not auto:
         return ResidencyPlan(budget, pinned, streamed, depth, slot_bytes, fixed, f"given: {depth}")
     leftover = budget - base - sum(e.length for e in pinned) - floor * slot_bytes

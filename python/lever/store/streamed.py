@@ -369,7 +369,8 @@ class StreamedDecoder(NativeDecoder):
         s = self.stats
         passes = max(1, s.passes)
         return {
-            "reader": {k: r[k] for k in ("backend", "direct", "fallback_reason", "queue_depth", "chunk_bytes")},
+            "reader": {k: r[k] for k in ("backend", "direct", "fallback_reason", "queue_depth", "chunk_bytes",
+                                            "slot_buffer_bytes", "huge_page_bytes")},
             "passes": s.passes,
             "bytes_read": r["bytes_read"] + s.embedding_bytes,
             "bytes_used": s.bytes_used,
