@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reader_queue_depth import read_pass  # noqa: E402
+from reader_queue_depth import read_pass, save_plot  # noqa: E402
 
 from lever.store.flash_reader import DEFAULT_QUEUE_DEPTH, FlashReader  # noqa: E402
 from lever.store.manifest import WEIGHTS, StoreManifest  # noqa: E402
@@ -96,10 +96,7 @@ def plot(result: dict, path: Path, title: str) -> None:
     ax.set_xticks(range(len(result["passes"])), list(result["passes"]))
     ax.set_ylabel("GiB/s per pass (bar: median)")
     ax.set_ylim(bottom=0)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, title, path)
 
 
 def main(argv=None) -> int:

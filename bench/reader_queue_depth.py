@@ -117,6 +117,13 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
                 fmt="none", ecolor="black", capsize=4)
     ax.set_xlabel("chunk reads in flight (queue depth)")
     ax.set_ylabel("GiB/s (median, min-max)")
+    save_plot(fig, ax, title, path)
+
+
+def save_plot(fig, ax, title: str, path: Path) -> None:
+    """Titles the chart, writes it to `path` (PNG) and closes it."""
+    import matplotlib.pyplot as plt
+
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -23,7 +23,7 @@ from lever.errors import ChecksumError, FlashReadError
 from lever.store.convert import convert
 from lever.store.flash_reader import FlashReader, aligned_empty, chunk_checksums
 from lever.store.manifest import WEIGHTS, StoreManifest
-from lever.store.residency import fixed_costs, pass_order
+from lever.store.residency import fixed_costs, pass_order, slot_size
 from lever.store.streamed import StreamedDecoder
 from tiny_model import TOKENS, causal, write_tiny_gguf
 
@@ -37,7 +37,7 @@ def tiny_store(tmp_path_factory):
     d = tmp_path_factory.mktemp("io-faults")
     store = convert(str(write_tiny_gguf(d / "m.gguf", "llama", tied=False, layers=4)), d / "store", progress=False)
     m = StoreManifest.load(store)
-    budget = sum(fixed_costs(m, 4, 64, 4096).values()) + 2 * max(e.length for e in pass_order(m))
+    budget = sum(fixed_costs(m, 4, 64, 4096).values()) + 2 * slot_size(pass_order(m))
     return store, budget
 
 

@@ -17,7 +17,7 @@ from lever.model.torch_reference import load_gguf_torch
 from lever.sampling import log_softmax
 from lever.store.convert import convert
 from lever.store.manifest import StoreManifest
-from lever.store.residency import fixed_costs, pass_order
+from lever.store.residency import fixed_costs, pass_order, slot_size
 from lever.store.streamed import EMBED_CACHE_ROWS, StreamedDecoder
 from tiny_model import TOKENS, causal, write_tiny_gguf
 
@@ -114,11 +114,11 @@ def test_bfloat16_cache_is_close_to_float32(tiny):
 # -- streamed == resident ------------------------------------------------------------------
 
 def budgets(store) -> list[int]:
-    """Bytes: the minimum (no layer pinned), that plus half the weights, everything pinned
-    (float32 KV cache for StreamedDecoder's default kv_tokens)."""
+    """Bytes: the minimum (no layer pinned; two read buffers of `slot_size`), that plus half
+    the weights, everything pinned (float32 KV cache for StreamedDecoder's default kv_tokens)."""
     m = StoreManifest.load(store)
     base = sum(fixed_costs(m, 4, 2048, EMBED_CACHE_ROWS).values())
-    lo = base + 2 * max(e.length for e in pass_order(m))
+    lo = base + 2 * slot_size(pass_order(m))
     return [lo, lo + m.weights_bytes // 2, base + m.weights_bytes]
 
 

@@ -27,7 +27,7 @@ from lever.sampling import SamplingParams
 from lever.store.convert import convert
 from lever.store.flash_reader import FlashReader
 from lever.store.manifest import StoreManifest
-from lever.store.residency import (MAX_PREFETCH_DEPTH, MIN_AUTO_DEPTH, parse_prefetch_depth,
+from lever.store.residency import (MAX_PREFETCH_DEPTH, MIN_AUTO_DEPTH, parse_prefetch_depth, slot_size,
                                    plan_residency)
 from lever.store.streamed import StreamedDecoder
 from lever.verify.target_pass import TargetVerifier
@@ -97,7 +97,7 @@ def test_the_memory_plan_counts_the_auto_ring():
     res = plan.plan_store(m, **kw)
     assert res.streamed and res.prefetch_depth == MIN_AUTO_DEPTH
     assert res.used_bytes <= plan.store_budget_bytes
-    assert plan.target_minimum["ring"] == MIN_AUTO_DEPTH * max(e.length for e in m.layers + m.head_parts)
+    assert plan.target_minimum["ring"] == MIN_AUTO_DEPTH * slot_size(m.layers + m.head_parts)
 
 
 def test_the_cap_is_the_cli_range():
