@@ -169,8 +169,8 @@ class FlashReader final : private ChunkSink {
  public:
   // Opens `path` read-only and allocates n_slots buffers of slot_bytes
   // (a multiple of 4096) each, 4096-aligned, on huge pages where asked and
-  // given (options.huge_pages; io/slot_memory.h), every page touched. Throws std::invalid_argument
-  // for bad arguments and FlashReadError if the file cannot be opened or
+  // given (options.huge_pages; io/slot_memory.h), every page touched.
+  // Throws std::invalid_argument for bad arguments and FlashReadError if the file cannot be opened or
   // options.backend == "io_uring" is unavailable.
   FlashReader(const std::string& path, size_t slot_bytes, int n_slots,
               const ReaderOptions& options = ReaderOptions());

@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import MemoryLimitError
-from ..store.residency import (AUTO_DEPTH, MIN_AUTO_DEPTH, fixed_costs, kv_bytes, slot_size,  # noqa: F401 (kv_bytes: re-exported)
-                               parse_prefetch_depth, parse_size, plan_residency)
+from ..store.residency import (AUTO_DEPTH, MIN_AUTO_DEPTH, fixed_costs, kv_bytes,  # noqa: F401 (kv_bytes: re-exported)
+                               parse_prefetch_depth, parse_size, plan_residency, slot_size)
 from . import rss
 
 MIN_MARGIN_BYTES = 32 << 20        # bytes: allocator slack, thread stacks, page tables
@@ -41,8 +41,8 @@ def store_minimum(manifest, dtype_bytes: int = 2, kv_tokens: int = 2048, prefetc
     """The least DRAM (bytes, by part) `plan_residency` accepts for `manifest`
     with the same arguments: its fixed costs (`residency.fixed_costs`: globals,
     kv_cache, embedding_rows) plus a ring of `prefetch_depth` buffers (MIN_AUTO_DEPTH
-    for "auto") of the largest extent (`residency.slot_size`) -- or, when pinning everything costs less,
-    every extent ("weights")."""
+    for "auto") of the largest extent (`residency.slot_size`) -- or, when pinning
+    everything costs less, every extent ("weights")."""
     depth = parse_prefetch_depth(prefetch_depth)
     parts = dict(fixed_costs(manifest, dtype_bytes, kv_tokens, embed_cache_rows))
     extents = manifest.layers + manifest.head_parts

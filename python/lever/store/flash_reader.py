@@ -90,8 +90,9 @@ class FlashReader:
                      pass read at 1.75 instead of 1.09 GiB/s, median).
                      stats() says what the kernel gave.
 
-    Every slot page is touched when the reader is made (n_slots * slot_bytes
-    bytes of RSS from then on).
+    Every slot page is touched when the reader is made: the slots hold
+    stats()["slot_buffer_bytes"] of RSS from then on (slot_bytes each, or
+    whole 2 MiB pages on the huge-page path; `_native.slot_memory_bytes`).
 
     Raises FlashReadError if the file cannot be opened or io_uring was
     requested but is unavailable, ValueError for bad arguments.
