@@ -39,14 +39,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reader_queue_depth import save_plot  # noqa: E402
 
 
 @dataclass(frozen=True)
 class ModeCost:
-    """One mode's per-iteration figures, summed over its runs then divided."""
+    """One mode's per-iteration figures: its totals over the prompts, divided by its target passes."""
 
     mode: str
     kind: str                 # "ar", "chain", "tree" (static) or "lever"
@@ -70,29 +72,20 @@ def mode_kind(mode: str) -> str:
 
 
 def mode_costs(bench: dict) -> list[ModeCost]:
-    """Per-mode figures from a `lever bench` JSON document (its "runs")."""
-    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for run in bench["runs"]:
-        if not run.get("iterations"):
-            continue
-        s = sums[run["mode"]]
-        split = run["time_split_s"]
-        s["tokens"] += run["new_tokens"]
-        s["iterations"] += run["iterations"]
-        s["cpu"] += split["draft"] + split["verify_compute"] + split["accept"]
-        s["stall"] += split["io_stall"]
-        s["wall"] += run["decode_s"]
-        s["bytes"] += run["bytes_read"] or 0
-    if not sums:
-        raise ValueError("the bench JSON has no run with a target pass")
+    """Per-mode figures from a `lever bench` JSON document: its per-mode totals
+    ("modes": generated tokens, target passes, decode seconds, bytes read and
+    the time split, summed over the prompts) divided by the target passes."""
     out = []
-    for mode in bench.get("modes") or sorted(sums):
-        if mode not in sums:
+    for mode, t in bench["modes"].items():
+        n = t["target_passes"]
+        if not n:
             continue
-        s = sums[mode]
-        n = s["iterations"]
-        out.append(ModeCost(mode, mode_kind(mode), s["tokens"] / n, s["cpu"] / n, s["stall"] / n,
-                            s["wall"] / n, s["bytes"] / n))
+        split = t["time_split_s"]
+        cpu = split["draft"] + split["verify_compute"] + split["accept"]
+        out.append(ModeCost(mode, mode_kind(mode), t["generated_tokens"] / n, cpu / n, split["io_stall"] / n,
+                            t["decode_s"] / n, (t["bytes_read"] or 0) / n))
+    if not out:
+        raise ValueError("the bench JSON has no run with a target pass")
     return out
 
 
@@ -224,10 +217,7 @@ def plot(doc: dict, path: Path) -> None:
     ax.set_xlabel("accepted tokens per target pass (A)")
     ax.set_ylabel("CPU ms per iteration (draft + target compute)")
     ax.legend(fontsize=7, loc="upper left")
-    ax.set_title(f"ceiling {doc['ceiling']['tokens_per_s']:.1f} tok/s with perfect overlap", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, f"ceiling {doc['ceiling']['tokens_per_s']:.1f} tok/s with perfect overlap", path)
 
 
 def main(argv=None) -> int:

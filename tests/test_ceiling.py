@@ -25,13 +25,31 @@ def run(mode, tokens, iterations, draft, verify, stall, wall=None):
             "time_split_s": {"draft": draft, "verify_compute": verify, "io_stall": stall, "accept": 0.0}}
 
 
+def totals(runs):
+    """A bench JSON's per-mode totals ("modes"), summed over `runs` as `lever bench` sums them."""
+    out = {}
+    for r in runs:
+        t = out.setdefault(r["mode"], {"generated_tokens": 0, "target_passes": 0, "decode_s": 0.0, "bytes_read": 0,
+                                       "time_split_s": dict.fromkeys(r["time_split_s"], 0.0)})
+        t["generated_tokens"] += r["new_tokens"]
+        t["target_passes"] += r["iterations"]
+        t["decode_s"] += r["decode_s"]
+        t["bytes_read"] += r["bytes_read"]
+        for k, v in r["time_split_s"].items():
+            t["time_split_s"][k] += v
+    return out
+
+
 def bench(runs, modes):
-    return {"created": "test", "modes": modes, "runs": runs,
+    """A bench JSON of `runs`, its modes in the order `modes` (None: as they come)."""
+    by_mode = totals(runs)
+    return {"created": "test", "modes": {m: by_mode[m] for m in modes or by_mode if m in by_mode}, "runs": runs,
             "config": {"raw_read_bytes_per_s": RATE},
             "target": {"residency": {"streamed_bytes_per_pass": PER_PASS}}}
 
 
 def test_mode_costs_sum_runs_before_dividing():
+    """Totals over the prompts, then divided (not a mean of per-prompt ratios)."""
     doc = bench([run("chain:4", 30, 10, 1.0, 1.0, 2.0), run("chain:4", 10, 10, 1.0, 3.0, 0.0)], ["chain:4"])
     (m,) = ceiling.mode_costs(doc)
     assert m.kind == "chain"
@@ -90,9 +108,9 @@ def test_main_writes_json_and_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("broken, message", [
-    ({"runs": []}, "no run with a target pass"),
+    ({"runs": [], "modes": {}}, "no run with a target pass"),
     ({"config": {"raw_read_bytes_per_s": None}}, "no raw read rate"),
-    ({"runs": [run("beam:4", 10, 10, 1.0, 1.0, 1.0)]}, "unknown bench mode"),
+    ({"modes": totals([run("beam:4", 10, 10, 1.0, 1.0, 1.0)])}, "unknown bench mode"),
 ])
 def test_bad_bench_json_is_a_clear_error(tmp_path, capsys, broken, message):
     doc = {**bench([run("chain:4", 30, 10, 1.0, 1.0, 2.0)], None), **broken}
