@@ -3,7 +3,8 @@
 llama.cpp comes from the llama-cpp-python source distribution (its vendored
 llama.cpp): `--build` downloads the sdist into the cache directory when it is
 absent (`pip download --no-deps --no-binary llama-cpp-python`), then builds
-only `llama-speculative` and `llama-simple` (plain greedy decoding) with
+only `llama-speculative`, `llama-simple` (plain greedy decoding) and
+`llama-bench` (kernel speed: bench/rows_vs_llamacpp.py) with
 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF into CACHE/build. Each run is one prompt of
 the bench prompt set (lever/bench_prompts.py), formatted with the target's
 chat template as `lever bench` does, decoded greedily (--temp 0 --top-k 1).
@@ -49,7 +50,7 @@ from lever.store.residency import parse_size
 
 SDIST_VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{SDIST_VERSION}"
-TARGETS = ("llama-speculative", "llama-simple")
+TARGETS = ("llama-speculative", "llama-simple", "llama-bench")
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
                  "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON")

@@ -272,8 +272,10 @@ def test_draft_cache_after_match_and_mismatch(pair, mode, params):
 
 @pytest.mark.real
 def test_smollm2_drafting_for_itself_reuses_the_ahead_rows(smollm2_path):
-    """A real model: greedy and sampled output unchanged, and every tree after
-    the first starts from the rows drafted ahead."""
+    """A real model: greedy and sampled output unchanged, and most trees after
+    the first start from the rows drafted ahead (the ahead chain extends the
+    tree's likeliest path: an iteration whose accepted path ends elsewhere
+    reuses nothing, which depends on the model's numbers, not on timing)."""
     model = load_gguf_native(smollm2_path, "float32")[0]
     prompt = [1, 504, 3458, 282, 4649, 314]
     spec = dataclasses.replace(SPECS["tree"](), draft_ahead=True)
@@ -281,7 +283,7 @@ def test_smollm2_drafting_for_itself_reuses_the_ahead_rows(smollm2_path):
         ref, _ = run(model, model, prompt, SPECS["tree"](), params)
         got, stats = run(model, model, prompt, spec, params)
         assert got == ref
-        assert stats.ahead.reused_iterations == stats.iterations - 1
+        assert stats.ahead.reused_iterations >= max(1, (stats.iterations - 1) * 2 // 3), stats.ahead
         assert stats.ahead.reused_nodes > stats.ahead.reused_iterations
 
 

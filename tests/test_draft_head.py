@@ -49,6 +49,13 @@ def test_quantize_q4_0_equals_the_gguf_reference():
     assert np.all(np.abs(got.reshape(-1, 32) - x.reshape(-1, 32)) <= scale * (1 + 1e-3))
 
 
+@pytest.fixture(autouse=True)
+def gguf_layout(monkeypatch):
+    """These tests compare the loaded head bytes with the GGUF's: load without
+    repacking (the repacked layout is tested in test_repacked_model.py)."""
+    monkeypatch.setenv("LEVER_REPACK", "0")
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_head_read_in_chunks_equals_one_go(tmp_path, monkeypatch, tied):
     """The loader re-quantises the head chunk by chunk straight from the file:

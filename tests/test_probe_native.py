@@ -46,13 +46,10 @@ def tree_mask(parents: np.ndarray, n_cached: int) -> np.ndarray:
 
 
 def head_rows(decoder, tokens: np.ndarray) -> tuple[np.ndarray, int]:
-    """The stored head rows of `tokens` (uint8 [n, row bytes]) and their ggml type."""
-    (first, end, qtype), = decoder.weights.head_parts
-    buffer, release = decoder.weights.head_part(0)
-    try:
-        return np.ascontiguousarray(buffer.reshape(end - first, -1)[tokens]), qtype
-    finally:
-        release()
+    """The head rows of `tokens` in their ggml layout (uint8 [n, row bytes];
+    restored where the resident head is repacked) and their ggml type."""
+    rows, qtype = decoder.weights.head_rows(np.asarray(tokens, dtype=np.int64))
+    return np.ascontiguousarray(rows), qtype
 
 
 def prefilled_cache(decoder):

@@ -17,9 +17,14 @@
 //         threads (what a matmul streaming its weights can get at most), and a
 //         single-thread memcpy (reported only);
 //   flash a big sequential O_DIRECT read of a temporary file it writes in --dir.
+// and the CPU's int8 dot-product peak: a tight loop of the multiply-add
+// instruction the quantised kernels are built on (AVX2 vpmaddubsw + vpaddw,
+// AVX-512 VNNI vpdpbusd, aarch64 sdot), with independent accumulators, on
+// all threads; every matmul line then also gives its fraction of that peak.
 // Then, through the library's public functions:
 //   qmatmul    quant_matmul (kernels/qmatmul.h) for Q4_K, Q6_K, Q8_0, Q5_0,
-//              Q4_0, Q4_1 and M = 1, 4, 16, 64, 256 on layer-sized matrices
+//              Q4_0, Q4_1 and each of them repacked (*_R8, kernels/repack.h)
+//              and M = 1, 4, 8, 16, 32, 64, 256 on layer-sized matrices
 //              (1536 x 1536 and 8960 x 1536, N x K);
 //   attention  attention (kernels/attention.h) over a few context lengths;
 //   dequant    dequantize_to_f32 (kernels/dequant.h) of a layer-sized matrix;
@@ -35,7 +40,8 @@
 // binary) the figures say nothing about performance; the output and the JSON
 // are labelled so ("emulated": true).
 //
-// Units: bytes, seconds; GB = 1e9 bytes; GFLOP = 1e9 multiply-or-add.
+// Units: bytes, seconds; GB = 1e9 bytes; GFLOP = 1e9 multiply-or-add; the
+// int8 peak in GOP/s likewise counts a multiply-add as 2 operations.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -61,6 +67,11 @@
 #include "kernels/dequant.h"
 #include "kernels/qdot.h"
 #include "kernels/qmatmul.h"
+#include "kernels/repack.h"
+#include "kernels/x86_simd.h"
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 namespace {
 
@@ -214,6 +225,8 @@ std::string json_array(const std::vector<std::string>& items, const char* indent
 // Reference bandwidths.
 
 struct References {
+  double int8_peak_gops = 0;    // all threads, multiply-adds x 2 per second (0: not measured)
+  std::string int8_instruction; // what the peak loop runs
   double dram_read_gbps = 0;    // all threads, read and sum
   double dram_memcpy_gbps = 0;  // one thread, memcpy (bytes copied / time)
   double flash_read_gbps = 0;   // sequential O_DIRECT pread (page cache if no O_DIRECT)
@@ -240,6 +253,99 @@ uint64_t parallel_read_sum(const uint64_t* p, size_t n_words) {
   uint64_t s = 0;
   for (uint64_t v : partial) s += v;
   return s;
+}
+
+// -- int8 peak -----------------------------------------------------------------
+// Each loop runs `iters` rounds of 8 independent multiply-add chains and
+// returns the int8 multiply-adds done (the folded result keeps the loop alive).
+constexpr int kPeakChains = 8;
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) uint64_t peak_loop_avx2(size_t iters, int* sink) {
+  __m256i acc[kPeakChains];
+  for (int i = 0; i < kPeakChains; ++i) acc[i] = _mm256_set1_epi16(static_cast<short>(i));
+  const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-1);
+  for (size_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kPeakChains; ++i) {
+      acc[i] = _mm256_add_epi16(acc[i], _mm256_maddubs_epi16(a, b));
+      __asm__ volatile("" : "+x"(acc[i]));  // one instruction pair per chain and round
+    }
+  }
+  __m256i t = acc[0];
+  for (int i = 1; i < kPeakChains; ++i) t = _mm256_add_epi16(t, acc[i]);
+  *sink += _mm256_extract_epi16(t, 0);
+  return static_cast<uint64_t>(iters) * kPeakChains * 32;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) uint64_t peak_loop_avx512(size_t iters,
+                                                                                 int* sink) {
+  __m512i acc[kPeakChains];
+  for (int i = 0; i < kPeakChains; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-1);
+  for (size_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kPeakChains; ++i) {
+      acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+      __asm__ volatile("" : "+v"(acc[i]));
+    }
+  }
+  __m512i t = acc[0];
+  for (int i = 1; i < kPeakChains; ++i) t = _mm512_add_epi32(t, acc[i]);
+  *sink += _mm512_reduce_add_epi32(t);
+  return static_cast<uint64_t>(iters) * kPeakChains * 64;
+}
+#endif
+
+#if defined(__aarch64__)
+__attribute__((target("arch=armv8.2-a+dotprod"))) uint64_t peak_loop_sdot(size_t iters, int* sink) {
+  int32x4_t acc[kPeakChains];
+  for (int i = 0; i < kPeakChains; ++i) acc[i] = vdupq_n_s32(i);
+  const int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-1);
+  for (size_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kPeakChains; ++i) {
+      acc[i] = vdotq_s32(acc[i], a, b);
+      __asm__ volatile("" : "+w"(acc[i]));
+    }
+  }
+  int32x4_t t = acc[0];
+  for (int i = 1; i < kPeakChains; ++i) t = vaddq_s32(t, acc[i]);
+  *sink += vaddvq_s32(t);
+  return static_cast<uint64_t>(iters) * kPeakChains * 16;
+}
+#endif
+
+// The peak loop for the kernels' instruction set, or nullptr (none here).
+using PeakLoop = uint64_t (*)(size_t, int*);
+PeakLoop peak_loop(lever::Isa isa, std::string* instruction) {
+#if defined(__x86_64__)
+  if (isa == lever::Isa::kAvx512) { *instruction = "vpdpbusd zmm"; return peak_loop_avx512; }
+  if (isa == lever::Isa::kAvx2) { *instruction = "vpmaddubsw+vpaddw ymm"; return peak_loop_avx2; }
+#endif
+#if defined(__aarch64__)
+  if (isa == lever::Isa::kDotprod || isa == lever::Isa::kI8mm) {
+    *instruction = "sdot v.4s";
+    return peak_loop_sdot;
+  }
+#endif
+  (void)isa;
+  *instruction = "none (no int8 dot-product loop for this instruction set)";
+  return nullptr;
+}
+
+void measure_int8_peak(References& ref, lever::Isa isa, double min_time) {
+  const PeakLoop loop = peak_loop(isa, &ref.int8_instruction);
+  if (loop == nullptr) return;
+  const int threads = lever::get_num_threads();
+  const size_t iters = 1u << 20;
+  std::vector<int> sinks(threads, 0);
+  std::vector<uint64_t> macs(threads, 0);
+  const double s = time_call([&] {
+    lever::parallel_for(threads, 1, [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) macs[t] = loop(iters, &sinks[t]);
+    });
+  }, min_time, 3);
+  uint64_t total = 0;
+  for (uint64_t m : macs) total += m;
+  ref.int8_peak_gops = 2.0 * static_cast<double>(total) / s / 1e9;
 }
 
 void measure_dram(References& ref, size_t bytes, double min_time) {
@@ -326,7 +432,10 @@ struct Context {
 
 const int kMatmulTypes[] = {lever::kTypeQ4_K, lever::kTypeQ6_K, lever::kTypeQ8_0,
                             lever::kTypeQ5_0, lever::kTypeQ4_0, lever::kTypeQ4_1};
-const size_t kMatmulRows[] = {1, 4, 16, 64, 256};
+// Measured in their repacked form too (kernels/repack.h).
+const int kRepackableTypes[] = {lever::kTypeQ4_K, lever::kTypeQ6_K, lever::kTypeQ8_0,
+                                lever::kTypeQ5_0, lever::kTypeQ4_0, lever::kTypeQ4_1};
+const size_t kMatmulRows[] = {1, 4, 8, 16, 32, 64, 256};
 
 // Byte offsets of the fp16 scale fields in one block of `type`.
 std::vector<size_t> half_fields(int type) {
@@ -359,47 +468,60 @@ std::vector<uint8_t> random_weights(int type, size_t n_blocks, uint64_t seed) {
 // One result line: time, GB/s, a second rate (`rate_unit` per second, e.g.
 // GFLOP; none if rate_unit is "") and the fraction of the reference `of`.
 void print_row(const char* kind, const std::string& what, double s, double gbps, double rate,
-               const char* rate_unit, double fraction, const char* of) {
+               const char* rate_unit, double fraction, const char* of,
+               const std::string& extra = "") {
   char rate_text[32] = "";
   if (*rate_unit) std::snprintf(rate_text, sizeof rate_text, "%8.2f %s/s", rate, rate_unit);
-  std::printf("%-9s %-34s %10.3f ms %8.2f GB/s %-15s %6.1f%% of %s\n", kind, what.c_str(),
-              s * 1e3, gbps, rate_text, 100 * fraction, of);
+  std::printf("%-9s %-34s %10.3f ms %8.2f GB/s %-15s %6.1f%% of %s%s\n", kind, what.c_str(),
+              s * 1e3, gbps, rate_text, 100 * fraction, of, extra.c_str());
   std::fflush(stdout);
 }
 
 // Weights are cold, as in a decoder that streams a different layer's matrix
 // each time: successive calls cycle through copies of the matrix that
 // together exceed `cold_bytes` (larger than the last-level cache).
-void bench_qmatmul(Context& c, size_t N, size_t K, size_t cold_bytes) {
-  for (int type : kMatmulTypes) {
-    const size_t n_blocks = N * K / lever::block_size(type);
-    const size_t w_bytes = n_blocks * lever::type_size(type);
-    const size_t n_copies = std::max<size_t>(1, (cold_bytes + w_bytes - 1) / w_bytes);
-    std::vector<std::vector<uint8_t>> copies;
-    for (size_t i = 0; i < n_copies; ++i)
-      copies.push_back(random_weights(type, n_blocks, static_cast<uint64_t>(type) + 100 * i));
-    for (size_t M : kMatmulRows) {
-      std::vector<float> x(M * K), y(M * N);
-      for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
-      size_t call = 0;
-      const double s = time_call([&] {
-        const uint8_t* w = copies[call++ % n_copies].data();
-        lever::quant_matmul(x.data(), lever::ElemType::kF32, M, K, K, w, type, N, y.data(),
-                            lever::ElemType::kF32, N, c.isa);
-      }, c.min_time, c.opt.quick ? 1 : 3);
-      const double gbps = w_bytes / s / 1e9, gflops = 2.0 * M * N * K / s / 1e9;
-      const double frac = gbps / c.ref.dram_read_gbps;
-      const std::string what = std::string(lever::type_name(type)) + " " + std::to_string(N) +
-                               "x" + std::to_string(K) + " M=" + std::to_string(M);
-      print_row("qmatmul", what, s, gbps, gflops, "GFLOP", frac, "DRAM");
-      c.qmatmul_rows.push_back(JsonObject()
-                                   .add("type", lever::type_name(type)).add("M", M).add("N", N)
-                                   .add("K", K).add("weight_bytes", w_bytes)
-                                   .add("weight_copies", n_copies).add("seconds", s)
-                                   .add("gbps", gbps).add("gflops", gflops)
-                                   .add("dram_fraction", frac).str());
-    }
+void bench_qmatmul_type(Context& c, int type, bool repacked, size_t N, size_t K,
+                        size_t cold_bytes) {
+  const size_t n_blocks = N * K / lever::block_size(type);
+  const size_t w_bytes = n_blocks * lever::type_size(type);
+  const size_t n_copies = std::max<size_t>(1, (cold_bytes + w_bytes - 1) / w_bytes);
+  std::vector<std::vector<uint8_t>> copies;
+  for (size_t i = 0; i < n_copies; ++i) {
+    copies.push_back(random_weights(type, n_blocks, static_cast<uint64_t>(type) + 100 * i));
+    if (repacked) lever::repack_rows(type, copies.back().data(), N, K);
   }
+  if (repacked) type = lever::repacked_type(type);
+  for (size_t M : kMatmulRows) {
+    std::vector<float> x(M * K), y(M * N);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+    size_t call = 0;
+    const double s = time_call([&] {
+      const uint8_t* w = copies[call++ % n_copies].data();
+      lever::quant_matmul(x.data(), lever::ElemType::kF32, M, K, K, w, type, N, y.data(),
+                          lever::ElemType::kF32, N, c.isa);
+    }, c.min_time, c.opt.quick ? 1 : 3);
+    const double gbps = w_bytes / s / 1e9, gflops = 2.0 * M * N * K / s / 1e9;
+    const double frac = gbps / c.ref.dram_read_gbps;
+    const double peak_frac = c.ref.int8_peak_gops > 0 ? gflops / c.ref.int8_peak_gops : 0;
+    const std::string what = std::string(lever::type_name(type)) + " " + std::to_string(N) +
+                             "x" + std::to_string(K) + " M=" + std::to_string(M);
+    char peak_text[40] = "";
+    if (c.ref.int8_peak_gops > 0)
+      std::snprintf(peak_text, sizeof peak_text, "  %5.1f%% of int8 peak", 100 * peak_frac);
+    print_row("qmatmul", what, s, gbps, gflops, "GFLOP", frac, "DRAM", peak_text);
+    c.qmatmul_rows.push_back(JsonObject()
+                                 .add("type", lever::type_name(type)).add("M", M).add("N", N)
+                                 .add("K", K).add("weight_bytes", w_bytes)
+                                 .add("weight_copies", n_copies).add("seconds", s)
+                                 .add("gbps", gbps).add("gflops", gflops)
+                                 .add("dram_fraction", frac)
+                                 .add("int8_peak_fraction", peak_frac).str());
+  }
+}
+
+void bench_qmatmul(Context& c, size_t N, size_t K, size_t cold_bytes) {
+  for (int type : kMatmulTypes) bench_qmatmul_type(c, type, false, N, K, cold_bytes);
+  for (int type : kRepackableTypes) bench_qmatmul_type(c, type, true, N, K, cold_bytes);
 }
 
 // Decoding-style attention: T query rows over L cached keys (all visible),
@@ -520,7 +642,8 @@ Sizes choose_sizes(const Context& c) {
 
 std::string to_json(const Context& c, const Sizes& sz, const std::string& emu_reason) {
   JsonObject ref;
-  ref.add("dram_read_gbps", c.ref.dram_read_gbps).add("dram_memcpy_gbps", c.ref.dram_memcpy_gbps)
+  ref.add("int8_peak_gops", c.ref.int8_peak_gops).add("int8_instruction", c.ref.int8_instruction)
+      .add("dram_read_gbps", c.ref.dram_read_gbps).add("dram_memcpy_gbps", c.ref.dram_memcpy_gbps)
       .add("dram_bytes", sz.dram_bytes).add("flash_read_gbps", c.ref.flash_read_gbps)
       .add("flash_direct", c.ref.flash_direct).add("flash_note", c.ref.flash_note)
       .add("flash_bytes", sz.flash_bytes);
@@ -557,6 +680,10 @@ int run(const Options& opt) {
   if (c.emulated)
     std::printf("EMULATED (%s): timings below are NOT performance figures\n", emu.c_str());
 
+  measure_int8_peak(c.ref, isa, c.min_time);
+  if (c.ref.int8_peak_gops > 0)
+    std::printf("reference: int8 peak %.1f GOP/s (%s, %d threads)\n", c.ref.int8_peak_gops,
+                c.ref.int8_instruction.c_str(), lever::get_num_threads());
   measure_dram(c.ref, sz.dram_bytes, c.min_time);
   const std::string path = opt.dir + "/lever-kbench-" + std::to_string(::getpid()) + ".bin";
   write_temp_file(path, sz.flash_bytes);

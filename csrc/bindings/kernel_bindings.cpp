@@ -13,6 +13,7 @@
 #include "kernels/attention.h"
 #include "kernels/dequant.h"
 #include "kernels/qmatmul.h"
+#include "kernels/repack.h"
 
 namespace py = pybind11;
 
@@ -151,9 +152,72 @@ std::vector<int> matmul_types() {
   return out;
 }
 
+// A C-contiguous uint8 buffer (1-D or 2-D) of exactly `nbytes` bytes.
+void check_bytes(const py::buffer_info& b, size_t nbytes, const char* what, bool writable) {
+  if (b.itemsize != 1 || base_format(b) != "B") {
+    throw py::value_error(std::string(what) + " must be a uint8 array");
+  }
+  if (b.ndim < 1 || b.ndim > 2 || b.strides[b.ndim - 1] != 1 ||
+      (b.ndim == 2 && b.strides[0] != b.shape[1])) {
+    throw py::value_error(std::string(what) + " must be C-contiguous 1-D or 2-D bytes");
+  }
+  if (writable && b.readonly) throw py::value_error(std::string(what) + " must be writable");
+  if (static_cast<size_t>(b.size) != nbytes) {
+    throw py::value_error(std::string(what) + " has " + std::to_string(b.size) + " bytes, expected " +
+                          std::to_string(nbytes));
+  }
+}
+
+int repack_rows(const py::buffer& w, int qtype, size_t rows, size_t cols) {
+  if (!lever::can_repack(qtype, rows, cols)) {
+    throw py::value_error(std::string("a ") + std::to_string(rows) + " x " + std::to_string(cols) +
+                          " " + lever::type_name(qtype) + " matrix cannot be repacked");
+  }
+  const py::buffer_info wi = w.request(true);
+  check_bytes(wi, rows * lever::row_bytes_of(qtype, cols), "w", true);
+  py::gil_scoped_release no_gil;
+  lever::repack_rows(qtype, static_cast<uint8_t*>(wi.ptr), rows, cols);
+  return lever::repacked_type(qtype);
+}
+
+py::array_t<uint8_t> unpack_rows(const py::buffer& w, int qtype, size_t rows, size_t cols,
+                                 const std::vector<int64_t>& ids) {
+  if (!lever::is_repacked_type(qtype)) {
+    throw py::value_error(std::string("type ") + std::to_string(qtype) + " is not a repacked type");
+  }
+  const size_t rb = lever::row_bytes_of(qtype, cols);
+  const py::buffer_info wi = w.request();
+  check_bytes(wi, rows * rb, "w", false);
+  py::array_t<uint8_t> out({ids.size(), rb});
+  uint8_t* dst = out.mutable_data();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || static_cast<size_t>(ids[i]) >= rows) {
+      throw py::value_error("row " + std::to_string(ids[i]) + " is outside the " +
+                            std::to_string(rows) + " rows");
+    }
+    lever::unpack_rows(qtype, static_cast<const uint8_t*>(wi.ptr), rows, cols,
+                       static_cast<size_t>(ids[i]), 1, dst + i * rb);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_kernels(py::module_& m) {
+  m.def("repack_rows", &repack_rows, py::arg("w"), py::arg("qtype"), py::arg("rows"), py::arg("cols"),
+        R"doc(Repacks an [rows, cols] matrix of ggml `qtype` in place into groups of 8
+interleaved rows (kernels/repack.h) and returns the repacked type id, which
+quant_matmul and the decoder accept in its place with bit-identical results.
+ValueError if the matrix cannot be repacked (see can_repack).)doc");
+  m.def("unpack_rows", &unpack_rows, py::arg("w"), py::arg("qtype"), py::arg("rows"), py::arg("cols"),
+        py::arg("ids"),
+        "uint8 [len(ids), row bytes]: rows `ids` of a repacked matrix in their original ggml layout.");
+  m.def("can_repack", &lever::can_repack, py::arg("qtype"), py::arg("rows"), py::arg("cols"),
+        "True if an [rows, cols] matrix of ggml `qtype` has a repacked form.");
+  m.def("should_repack", &lever::should_repack,
+        "True if resident weights are repacked in this process (the default kernel isa is avx2).");
+  m.def("base_type", &lever::base_type, py::arg("qtype"),
+        "The ggml type a repacked type id was made from (the id itself otherwise).");
   m.def("quant_matmul", &quant_matmul, py::arg("x"), py::arg("w"), py::arg("qtype"),
         py::arg("out"), py::arg("isa") = "auto",
         R"doc(out[m, n] = sum_k x[m, k] * W[n, k], W given as quantised blocks.

@@ -31,6 +31,7 @@
 
 #include "common/parallel.h"
 #include "kernels/block_bytes.h"
+#include "kernels/repack.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "dequant.cpp assumes a little-endian CPU (GGUF data is little-endian)"
@@ -511,13 +512,23 @@ std::vector<int> supported_types() {
 }
 
 const char* type_name(int type) {
+  switch (type) {
+    case kTypeQ4_K_R8: return "Q4_K_R8";
+    case kTypeQ6_K_R8: return "Q6_K_R8";
+    case kTypeQ8_0_R8: return "Q8_0_R8";
+    case kTypeQ5_0_R8: return "Q5_0_R8";
+    case kTypeQ4_0_R8: return "Q4_0_R8";
+    case kTypeQ4_1_R8: return "Q4_1_R8";
+    default: break;
+  }
   const Format* f = find_format(type);
   return f ? f->name : "unknown";
 }
 
-size_t block_size(int type) { return require_format(type).block_size; }
+// A repacked type (kernels/repack.h) has its base type's blocks, interleaved.
+size_t block_size(int type) { return require_format(base_type(type)).block_size; }
 
-size_t type_size(int type) { return require_format(type).type_size; }
+size_t type_size(int type) { return require_format(base_type(type)).type_size; }
 
 size_t element_count(int type, size_t n_bytes) {
   const Format& f = require_format(type);

@@ -6,6 +6,7 @@
 #include "kernels/qdot.h"
 
 #include "kernels/dequant.h"
+#include "kernels/repack.h"
 
 #include <stdexcept>
 #if defined(__aarch64__) && defined(__linux__)
@@ -146,10 +147,12 @@ const KernelSet* find_kernels(int type) {
 
 }  // namespace
 
-bool has_dot_kernel(int type) { return find_kernels(type) != nullptr; }
+// Repacked types (kernels/repack.h) have group kernels (qdot_r8.h), not the
+// row, tile or prepared kernels here, and take their base type's activations.
+bool has_dot_kernel(int type) { return find_kernels(base_type(type)) != nullptr; }
 
 bool uses_q8k_activations(int type) {
-  const KernelSet* k = find_kernels(type);
+  const KernelSet* k = find_kernels(base_type(type));
   return k != nullptr && k->q8k_activations;
 }
 

@@ -14,8 +14,9 @@
 // q5 - 16 or q4 - 8 (signed), or q4 for Q4_1, then for each activation row
 // computes the exact integer sum isum = sum w'[i] * x.qs[i] and accumulates
 // (d_w * d_x) * isum in fp32; Q4_1 adds its offset as d_x * m * x.sum.
-// Only the order of the fp32 operations differs between the scalar, AVX2 and
-// AVX-512 paths.
+// The scalar and AVX2 paths take the same fp32 steps in the same order (the
+// AVX2 one with one activation row per vector lane), so they agree bit for
+// bit; the AVX-512 path orders them differently (16-lane partial sums).
 //
 //   - scalar: plain loops (the compiler may vectorise them; also the aarch64 build).
 //   - AVX2: one block per 256-bit register; vpmaddubsw needs one unsigned
@@ -30,8 +31,9 @@
 //     the activation side of the AVX-512 step (x + 128 of a block pair and
 //     their d_x spread over the lanes) is computed once per matmul instead of
 //     once per weight row; the arithmetic is the AVX-512 path's, bit for bit.
-// In all paths a weight block is unpacked once and used for all n_x rows; each
-// row keeps a vector of fp32 partial sums that is reduced only at the end.
+// In all paths a weight block is unpacked once and used for all n_x rows; in
+// the AVX-512 one each row keeps a vector of fp32 partial sums that is reduced
+// only at the end.
 
 #include <cstddef>
 #include <cstdint>
@@ -172,13 +174,6 @@ namespace {
 // ---------------------------------------------------------------------------
 // AVX2: one block per iteration, 8 int32 / fp32 lanes per row.
 
-LEVER_AVX2 inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // The 32 nibbles of qs[16] as bytes: low nibbles (elements 0..15), then high.
 LEVER_AVX2 inline __m256i nibbles256(const uint8_t* qs) {
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
@@ -225,56 +220,98 @@ struct Q4_1Avx2 {
   LEVER_AVX2 static __m256i unpack(const uint8_t* blk) { return nibbles256(blk + 4); }
 };
 
-// Adds block b of the weight row (at blk) times block b of each activation row to acc.
+// Lane r = the sum of the 8 int32 lanes of v[r], for r < NX (0 beyond): the
+// exact block sums of NX activation rows in one vector.
+template <int NX>
+LEVER_AVX2 inline __m256i row_sums(const __m256i* v) {
+  __m256i a[8];
+  for (int r = 0; r < 8; ++r) a[r] = r < NX ? v[r] : _mm256_setzero_si256();
+  const __m256i b0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+  const __m256i b1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
+                          _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+// Lane r = the float at byte `at` of block b of activation row r (0 beyond NX).
+template <int NX>
+LEVER_AVX2 inline __m256 row_floats(const uint8_t* x, size_t x_stride, size_t b, size_t at) {
+  alignas(32) float f[8] = {};
+  for (int r = 0; r < NX; ++r) f[r] = load_f32(x + r * x_stride + b * kActBytes + at);
+  return _mm256_load_ps(f);
+}
+
+// Adds block b of the weight row (at blk) times block b of each activation
+// row r to lane r of acc, with the scalar kernel's float steps on the exact
+// block sums (so each row's result equals dot_scalar's bit for bit).
 template <class T, int NX>
 LEVER_AVX2 inline void step_avx2(const uint8_t* blk, const uint8_t* x, size_t x_stride, size_t b,
-                                 __m256 acc[NX]) {
+                                 __m256& acc) {
   const __m256i wq = T::unpack(blk);
   const __m256 dw = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+  __m256i p32[NX];
   if constexpr (T::kMin) {
-    // Q4_1: q4 is unsigned already; acc += d_x * (d_w * isum + m * x.sum), the
-    // x.sum term in lane 0 only.
-    const __m256 m = _mm256_set1_ps(_cvtsh_ss(load_u16(blk + 2)));
+    // Q4_1: q4 is unsigned already.
 #pragma GCC unroll 8
     for (int r = 0; r < NX; ++r) {
       const uint8_t* xb = x + r * x_stride + b * kActBytes;
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kActQs));
-      const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xv), _mm256_set1_epi16(1));
-      const float xs = static_cast<float>(load_i32(xb + kActSum));
-      const __m256 xsum = _mm256_zextps128_ps256(_mm_set_ss(xs));
-      const __m256 t = _mm256_fmadd_ps(xsum, m, _mm256_mul_ps(_mm256_cvtepi32_ps(p32), dw));
-      acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(load_f32(xb + kActD)), acc[r]);
+      p32[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xv), _mm256_set1_epi16(1));
     }
+  } else {
+    // |w'|: the unsigned operand of vpmaddubsw (|-128| = 0x80 = 128).
+    const __m256i wabs = _mm256_sign_epi8(wq, wq);
+#pragma GCC unroll 8
+    for (int r = 0; r < NX; ++r) {
+      const uint8_t* xb = x + r * x_stride + b * kActBytes;
+      // x with the sign of w' (x = -128 never occurs: |x.qs| <= 127), times |w'|:
+      // int16 pair sums (|.| <= 2 * 128 * 127, no saturation), then int32 quad sums.
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kActQs));
+      const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wq));
+      p32[r] = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    }
+  }
+  if constexpr (NX == 1) {  // one row: a scalar lane is cheaper than the transpose
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p32[0]), _mm256_extracti128_si256(p32[0], 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+    const float is = static_cast<float>(_mm_cvtsi128_si32(h));
+    const float dws = _mm256_cvtss_f32(dw), dxs = load_f32(x + b * kActBytes + kActD);
+    float lane0 = _mm256_cvtss_f32(acc);
+    if constexpr (T::kMin) {
+      const float m = _cvtsh_ss(load_u16(blk + 2));
+      const float xs = static_cast<float>(load_i32(x + b * kActBytes + kActSum));
+      lane0 += dxs * (dws * is + m * xs);
+    } else {
+      lane0 += (dws * dxs) * is;
+    }
+    acc = _mm256_castps128_ps256(_mm_set_ss(lane0));
     return;
   }
-  // |w'|: the unsigned operand of vpmaddubsw (|-128| = 0x80 = 128).
-  const __m256i wabs = _mm256_sign_epi8(wq, wq);
-#pragma GCC unroll 8
-  for (int r = 0; r < NX; ++r) {
-    const uint8_t* xb = x + r * x_stride + b * kActBytes;
-    // x with the sign of w' (x = -128 never occurs: |x.qs| <= 127), times |w'|:
-    // int16 pair sums (|.| <= 2 * 128 * 127, no saturation), then int32 quad sums.
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kActQs));
-    const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wq));
-    const __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-    // acc += (d_w * d_x) * isum lanes.
-    const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(load_f32(xb + kActD)));
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), s, acc[r]);
+  const __m256 isum = _mm256_cvtepi32_ps(row_sums<NX>(p32));
+  const __m256 dx = row_floats<NX>(x, x_stride, b, kActD);
+  if constexpr (T::kMin) {
+    // acc += d_x * (d_w * isum + m * x.sum)
+    const __m256 m = _mm256_set1_ps(_cvtsh_ss(load_u16(blk + 2)));
+    alignas(32) float xs[8] = {};
+    for (int r = 0; r < NX; ++r) xs[r] = static_cast<float>(load_i32(x + r * x_stride + b * kActBytes + kActSum));
+    const __m256 t = _mm256_add_ps(_mm256_mul_ps(dw, isum), _mm256_mul_ps(m, _mm256_load_ps(xs)));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(dx, t));
+  } else {
+    // acc += (d_w * d_x) * isum
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
   }
 }
 
 template <class T, int NX>
 LEVER_AVX2 void dot_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, size_t n_blocks,
                          float* out) {
-  __m256 acc[NX];
-#pragma GCC unroll 8
-  for (int r = 0; r < NX; ++r) acc[r] = _mm256_setzero_ps();
-  // One accumulator per row, blocks in order: a row's result is the same
+  // Lane r accumulates row r, blocks in order: a row's result is the same
   // whatever NX is (a token scores alike alone or inside a tree).
-  size_t b = 0;
-  for (; b < n_blocks; ++b) step_avx2<T, NX>(w + b * T::kBytes, x, x_stride, b, acc);
-#pragma GCC unroll 8
-  for (int r = 0; r < NX; ++r) out[r] = hsum256(acc[r]);
+  __m256 acc = _mm256_setzero_ps();
+  for (size_t b = 0; b < n_blocks; ++b) step_avx2<T, NX>(w + b * T::kBytes, x, x_stride, b, acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (int r = 0; r < NX; ++r) out[r] = lanes[r];
 }
 
 template <class T>

@@ -197,8 +197,19 @@ void q6_k_scalar_impl(const uint8_t* w, const uint8_t* x, size_t x_stride, int n
     default: ROWS<8>(w, x, x_stride, n_blocks, out); break;           \
   }
 
+// Sum of the 8 int32 lanes (exact, wrapping like the scalar int32 sums).
+LEVER_AVX2 inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
 // ---------------------------------------------------------------------------
-// AVX2 kernels (256-bit vectors: 32 values each).
+// AVX2 kernels (256-bit vectors: 32 values each). Each activation row keeps
+// one float accumulator and takes the scalar kernel's float steps on each
+// block's exact integer sums, so the results equal the scalar kernel's bit
+// for bit.
 //
 // Integer core per 64 values (vectors a, b of 32):
 //   vpmaddubsw: u8 weights x s8 activations, pairs summed -> int16 P_a, P_b
@@ -222,16 +233,14 @@ LEVER_AVX2 void q4_k_avx2_rows(const uint8_t* w, const uint8_t* x, size_t x_stri
     pick[c] = _mm256_setr_epi16(a, a, a, a, b, b, b, b, a, a, a, a, b, b, b, b);
   }
 
-  __m256 facc[N];
-#pragma GCC unroll 8
-  for (int r = 0; r < N; ++r) facc[r] = _mm256_setzero_ps();
+  float facc[N] = {};
 
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* blk = w + b * kQ4KBytes;
-    // d and dmin (two fp16 values) -> broadcast floats.
+    // d and dmin (two fp16 values, converted exactly).
     const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32(blk))));
-    const __m256 vd = _mm256_broadcastss_ps(dm);
-    const __m256 vdmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+    const float d = _mm_cvtss_f32(dm);
+    const float dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
 
     // Scales, as int16 matching the hadd output of chunk c.
     const K4Scales s = unpack_q4k_scales(blk + 4);
@@ -268,21 +277,13 @@ LEVER_AVX2 void q4_k_avx2_rows(const uint8_t* w, const uint8_t* x, size_t x_stri
       // Offsets: m_j * (bsums[2j] + bsums[2j+1]) in 8 int32 lanes.
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kActBsums));
       const __m256i offs = _mm256_madd_epi16(bsums, mins);
-      // facc += xd * (d * dot - dmin * offs)
-      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), vd);
-      t = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offs), vdmin, t);
-      facc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(load_f32(xb + kActD)), facc[r]);
+      // The scalar kernel's float steps on the exact block sums.
+      const float xd = load_f32(xb + kActD);
+      facc[r] += (d * xd) * static_cast<float>(hsum_epi32(dot)) -
+                 (dmin * xd) * static_cast<float>(hsum_epi32(offs));
     }
   }
-
-#pragma GCC unroll 8
-  for (int r = 0; r < N; ++r) {
-    // Horizontal sum of the 8 lanes.
-    __m128 v = _mm_add_ps(_mm256_castps256_ps128(facc[r]), _mm256_extractf128_ps(facc[r], 1));
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    v = _mm_add_ss(v, _mm_movehdup_ps(v));
-    out[r] = _mm_cvtss_f32(v);
-  }
+  for (int r = 0; r < N; ++r) out[r] = facc[r];
 }
 
 // Q6_K, AVX2, N activation rows.
@@ -304,15 +305,13 @@ LEVER_AVX2 void q6_k_avx2_rows(const uint8_t* w, const uint8_t* x, size_t x_stri
                                 g[1], g[1], g[1], g[1], g[3], g[3], g[3], g[3]);
   }
 
-  __m256 facc[N];
-#pragma GCC unroll 8
-  for (int r = 0; r < N; ++r) facc[r] = _mm256_setzero_ps();
+  float facc[N] = {};
 
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* blk = w + b * kQ6KBytes;
     const uint8_t* ql = blk;
     const uint8_t* qh = blk + 128;
-    const __m256 vd = _mm256_set1_ps(_cvtsh_ss(load_u16(blk + 208)));
+    const float d = _cvtsh_ss(load_u16(blk + 208));
 
     // Scales: 16 int8 -> int16, spread to match the hadd outputs.
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
@@ -360,19 +359,11 @@ LEVER_AVX2 void q6_k_avx2_rows(const uint8_t* w, const uint8_t* x, size_t x_stri
       const __m256i offs = _mm256_madd_epi16(bsums, neg32sc);
       const __m256i dot = _mm256_add_epi32(
           _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3])), offs);
-      // facc += (d * xd) * dot
-      const __m256 dx = _mm256_mul_ps(vd, _mm256_set1_ps(load_f32(xb + kActD)));
-      facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, facc[r]);
+      // The scalar kernel's float step on the exact block sum (dot - 32 * offs).
+      facc[r] += (d * load_f32(xb + kActD)) * static_cast<float>(hsum_epi32(dot));
     }
   }
-
-#pragma GCC unroll 8
-  for (int r = 0; r < N; ++r) {
-    __m128 v = _mm_add_ps(_mm256_castps256_ps128(facc[r]), _mm256_extractf128_ps(facc[r], 1));
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    v = _mm_add_ss(v, _mm_movehdup_ps(v));
-    out[r] = _mm_cvtss_f32(v);
-  }
+  for (int r = 0; r < N; ++r) out[r] = facc[r];
 }
 
 // ---------------------------------------------------------------------------

@@ -27,6 +27,8 @@
 #include "common/parallel.h"
 #include "kernels/block_bytes.h"  // bf16_to_float
 #include "kernels/dequant.h"
+#include "kernels/qdot_r8.h"
+#include "kernels/repack.h"
 
 namespace lever {
 namespace {
@@ -153,7 +155,8 @@ void set_default_isa(Isa isa) {
 
 namespace {
 
-// Checks shared by both entry points; returns the dot kernel for (type, isa).
+// Checks shared by both entry points; returns the dot kernel for (type, isa)
+// (nullptr for a repacked type, which has group kernels instead).
 DotRowsFn checked_dot(int type, size_t K, Isa* isa) {
   if (!has_dot_kernel(type)) {
     throw std::invalid_argument(std::string("no quantised matmul kernel for type ") +
@@ -165,6 +168,13 @@ DotRowsFn checked_dot(int type, size_t K, Isa* isa) {
                                 std::to_string(bs) + " (the block size of " + type_name(type) + ")");
   }
   if (*isa == Isa::kAuto) *isa = default_isa();
+  if (is_repacked_type(type)) {
+    if (dot_group_kernel(type, *isa) == nullptr) {
+      throw std::invalid_argument(std::string("instruction set ") + isa_name(*isa) +
+                                  " is not available on this CPU");
+    }
+    return nullptr;  // the caller takes the group kernel (dot_repacked_rows)
+  }
   const DotRowsFn dot = dot_rows_kernel(type, *isa);
   if (dot == nullptr) {
     throw std::invalid_argument(std::string("instruction set ") + isa_name(*isa) +
@@ -200,6 +210,57 @@ void prepare_rows(const PreparedKernels& prep, const uint8_t* xq, size_t a_row_b
   for (size_t m = 0; m < M; ++m) prep.prepare(xq + m * a_row_bytes, n_blocks, out + m * p_row_bytes);
 }
 
+// One result into y (fp32, or bf16 rounded to nearest-even).
+inline void store_result(void* y, ElemType y_type, size_t at, float v) {
+  if (y_type == ElemType::kF32) {
+    static_cast<float*>(y)[at] = v;
+  } else {
+    static_cast<uint16_t*>(y)[at] = fp32_to_bf16(v);
+  }
+}
+
+// Step 2 for repacked weights (kernels/repack.h): the N rows are N / 8
+// groups, split over the thread pool; each group's weights pass over every
+// activation row (4 at a time inside the group kernel) while they stay in cache.
+void dot_repacked_rows(const uint8_t* xq, size_t a_row_bytes, size_t M, size_t K,
+                       const uint8_t* w, int type, size_t N, void* y, ElemType y_type,
+                       size_t y_stride, Isa isa) {
+  if (N % kRepackRows != 0) {
+    throw std::invalid_argument(std::string("a repacked ") + type_name(type) + " matrix of " +
+                                std::to_string(N) + " rows is not whole groups of " +
+                                std::to_string(kRepackRows));
+  }
+  const DotGroupFn group_fn = dot_group_kernel(type, isa);
+  const size_t n_blocks = K / block_size(type);
+  const size_t group_bytes = kRepackRows * n_blocks * type_size(type);
+  // Chunks of at least ~32 KiB of weights x activation rows, so that waking
+  // the pool pays off.
+  const size_t grain = std::max<size_t>(1, (32u << 10) / (group_bytes * M));
+  constexpr size_t kRowsPerCall = 64;  // activation rows per group-kernel call (fp32 out: any)
+  parallel_for(N / kRepackRows, grain, [&](size_t begin, size_t end) {
+    float out[kRowsPerCall * kRepackRows];
+    for (size_t g = begin; g < end; ++g) {
+      const uint8_t* wg = w + g * group_bytes;
+      if (y_type == ElemType::kF32) {
+        float* yg = static_cast<float*>(y) + g * kRepackRows;
+        group_fn(wg, xq, a_row_bytes, static_cast<int>(M), n_blocks, yg, y_stride);
+        continue;
+      }
+      for (size_t m0 = 0; m0 < M; m0 += kRowsPerCall) {
+        const size_t n_x = std::min(kRowsPerCall, M - m0);
+        group_fn(wg, xq + m0 * a_row_bytes, a_row_bytes, static_cast<int>(n_x), n_blocks, out,
+                 kRepackRows);
+        for (size_t r = 0; r < n_x; ++r) {
+          for (int c = 0; c < kRepackRows; ++c) {
+            store_result(y, y_type, (m0 + r) * y_stride + g * kRepackRows + c,
+                         out[r * kRepackRows + c]);
+          }
+        }
+      }
+    }
+  });
+}
+
 // Step 2: dot products of M quantised rows against N weight rows. Weight rows
 // are taken in groups of about 128 KiB so a group stays in cache while every
 // activation tile passes over it.
@@ -221,14 +282,7 @@ void dot_quantized_rows(const uint8_t* xq, size_t a_row_bytes, size_t M, size_t 
   DotTileFn tile = nullptr;
   if (M >= kTileMinRows) tile = prep != nullptr ? prep->tile : dot_tile_kernel(type, isa);
   if (prep != nullptr) dot = prep->rows;
-  auto store = [&](size_t m, size_t n, float v) {
-    const size_t at = m * y_stride + n;
-    if (y_type == ElemType::kF32) {
-      static_cast<float*>(y)[at] = v;
-    } else {
-      static_cast<uint16_t*>(y)[at] = fp32_to_bf16(v);
-    }
-  };
+  auto store = [&](size_t m, size_t n, float v) { store_result(y, y_type, m * y_stride + n, v); };
   parallel_for(N, grain, [&](size_t begin, size_t end) {
     float out[kMaxTileX * kMaxTileW];
     const size_t tile_x = tile != nullptr ? kMaxTileX : kMaxDotRows;
@@ -290,6 +344,11 @@ void quant_matmul_rows(const QuantizedRows& xq, const uint8_t* w, int type, size
   }
   if (y_stride < N) throw std::invalid_argument("row stride smaller than the row");
   if (xq.rows() == 0 || N == 0) return;
+  if (is_repacked_type(type)) {
+    dot_repacked_rows(xq.data(), xq.row_bytes(), xq.rows(), xq.cols(), w, type, N, y, y_type,
+                      y_stride, isa);
+    return;
+  }
   if (const PreparedKernels* prep = prepared_kernels(type, isa)) {
     const size_t p_row_bytes = prep->row_bytes(xq.cols() / block_size(type));
     dot_quantized_rows(xq.prepared(*prep), p_row_bytes, xq.rows(), xq.cols(), w, type, N, y,
@@ -309,6 +368,10 @@ void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_s
   const size_t a_row_bytes = act_row_bytes(type, K);
   uint8_t* const xq = act_scratch(M * a_row_bytes);        // this thread's reusable buffer
   quantize_rows_into(x, x_type, M, K, x_stride, type, xq, a_row_bytes);
+  if (is_repacked_type(type)) {
+    dot_repacked_rows(xq, a_row_bytes, M, K, w, type, N, y, y_type, y_stride, isa);
+    return;
+  }
   if (const PreparedKernels* prep = prepared_kernels(type, isa)) {
     const size_t n_blocks = K / block_size(type);
     const size_t p_row_bytes = prep->row_bytes(n_blocks);

@@ -15,6 +15,7 @@
 #include "kernels/block_bytes.h"  // load_u16, bf16_to_float
 #include "kernels/dequant.h"
 #include "kernels/qmatmul.h"
+#include "kernels/repack.h"
 
 #include "common/multiversion.h"  // LEVER_KERNEL
 
@@ -115,7 +116,7 @@ bool is_dense_type(int type) {
 bool is_matrix_type(int type) { return is_dense_type(type) || has_dot_kernel(type); }
 
 size_t row_bytes(int type, size_t K) {
-  if (!is_supported_type(type)) {
+  if (!is_supported_type(base_type(type))) {
     throw std::invalid_argument("unsupported ggml type " + std::to_string(type));
   }
   const size_t bs = block_size(type);

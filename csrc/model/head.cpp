@@ -12,6 +12,7 @@
 #include "common/parallel.h"
 #include "kernels/dequant.h"
 #include "kernels/qmatmul.h"
+#include "kernels/repack.h"
 #include "model/dense_matmul.h"
 
 namespace lever {
@@ -114,6 +115,14 @@ void embed_rows(const uint8_t* table, size_t table_nbytes, int type, size_t n_ro
       throw std::invalid_argument("embed: token id " + std::to_string(ids[t]) +
                                   " is outside the vocabulary of " + std::to_string(n_rows));
     }
+  }
+  if (is_repacked_type(type)) {  // restore each row's original blocks first
+    std::vector<uint8_t> row(rb);
+    for (size_t t = 0; t < T; ++t) {
+      unpack_rows(type, table, n_rows, hidden, static_cast<size_t>(ids[t]), 1, row.data());
+      dequantize_to_f32(row.data(), rb, base_type(type), out + t * out_stride, hidden);
+    }
+    return;
   }
   for (size_t t = 0; t < T; ++t) {
     dequantize_to_f32(table + static_cast<size_t>(ids[t]) * rb, rb, type, out + t * out_stride,

@@ -116,6 +116,18 @@ def dequantize(raw: np.ndarray, qtype: int, shape: Sequence[int], dtype: str = "
     return out.reshape(shape)
 
 
+def in_ggml_layout(data: np.ndarray, qtype: int, shape: Sequence[int]) -> tuple[np.ndarray, int]:
+    """(bytes, ggml type) of a matrix as a GGUF stores it: `data` itself, or,
+    for weights repacked as a resident model loaded (csrc/kernels/repack.h),
+    its rows restored to their original blocks."""
+    base = _native.base_type(int(qtype))
+    if base == int(qtype):
+        return data, base
+    rows, cols = (int(v) for v in shape)
+    restored = _native.unpack_rows(np.ascontiguousarray(data), int(qtype), rows, cols, list(range(rows)))
+    return restored.reshape(-1), base
+
+
 Q4_0 = 2                      # ggml type id
 _Q4_0_BLOCK = 32              # elements per Q4_0 block
 _Q4_0_BYTES = 18              # bytes per block: float16 scale d, then 16 bytes of 4-bit codes

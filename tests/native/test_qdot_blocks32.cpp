@@ -1,18 +1,24 @@
-// The aarch64 dot kernels of the 32-value block types (Q8_0, Q5_0, Q4_0,
-// Q4_1; csrc/kernels/qdot_blocks32_neon.cpp) against the scalar kernels, bit
-// for bit, for every Isa among neon / dotprod / i8mm that this CPU has:
-//  - blocks32_neon_rows_match_scalar: dot_rows_kernel for n_x = 1..8 (and 11).
-//  - blocks32_neon_tiles_match_scalar: dot_tile_kernel for every n_w 1..4 x
+// The SIMD dot kernels of the 32-value block types (Q8_0, Q5_0, Q4_0, Q4_1;
+// csrc/kernels/qdot_blocks32.cpp, qdot_blocks32_neon.cpp) against the scalar
+// kernels, bit for bit, for every Isa among avx2 / neon / dotprod / i8mm that
+// this CPU has (AVX-512 orders its float sums otherwise: it is checked
+// against its own row kernels below):
+//  - blocks32_simd_rows_match_scalar: dot_rows_kernel for n_x = 1..8 (and 11).
+//  - blocks32_simd_tiles_match_scalar: dot_tile_kernel for every n_w 1..4 x
 //    n_x 1..16; the cells outside the tile must stay untouched.
-//  - blocks32_neon_quant_matmul_matches_scalar: quant_matmul, M in {1, 4, 16,
+//  - blocks32_simd_quant_matmul_matches_scalar: quant_matmul, M in {1, 4, 16,
 //    64, 256} (64 and 256 go through the tile kernels).
 //  - blocks32_prepared_match_row_kernels: the prepared-row kernels (x86-64
 //    AVX-512) against the row kernels of the same Isa.
+//  - blocks32_repacked_match_scalar_every_isa: the repacked kernels
+//    (kernels/repack.h, qdot_r8.h) on every available Isa, every M in 1..64,
+//    and quant_matmul on repacked weights, against the scalar kernel on the
+//    original rows; the repack / unpack round trip.
 // Each over n_blocks in {1, 2, 3, 28} and several weight-row offsets (the
 // weight rows are packed blocks at any byte address). Weights are random
 // bytes with finite small fp16 scales / offsets (zero and subnormal
 // included); activations are random rows quantised by quantize_activation_row.
-// On other architectures there is nothing to compare: the tests say so and
+// With none of those Isas there is nothing to compare: the tests say so and
 // check only that the scalar kernels exist and agree with quant_matmul.
 #include <cstdint>
 #include <cstring>
@@ -21,7 +27,9 @@
 
 #include "kernels/dequant.h"
 #include "kernels/qdot.h"
+#include "kernels/qdot_r8.h"
 #include "kernels/qmatmul.h"
+#include "kernels/repack.h"
 #include "native_test.h"
 
 using namespace lever;
@@ -42,10 +50,11 @@ const BlockType kBlockTypes[] = {{kTypeQ8_0, "q8_0", 34, false},
 
 const size_t kBlockCounts[] = {1, 2, 3, 28};
 
-// The aarch64 Isas this CPU runs.
-std::vector<Isa> arm_isas_here() {
+// The SIMD Isas this CPU runs whose kernels take the scalar float steps
+// (AVX2 on x86-64; neon, dotprod, i8mm on aarch64; not AVX-512).
+std::vector<Isa> exact_isas_here() {
   std::vector<Isa> isas;
-  for (Isa isa : {Isa::kNeon, Isa::kDotprod, Isa::kI8mm}) {
+  for (Isa isa : {Isa::kAvx2, Isa::kNeon, Isa::kDotprod, Isa::kI8mm}) {
     if (isa_available(isa)) isas.push_back(isa);
   }
   return isas;
@@ -133,9 +142,9 @@ bool first_wrong_cell(const float* out, const float (*want)[kMaxTileW], int n_w,
 
 }  // namespace
 
-TEST(blocks32_neon_rows_match_scalar) {
-  const std::vector<Isa> isas = arm_isas_here();
-  if (isas.empty()) NOTE("no aarch64 isas here: scalar kernels only");
+TEST(blocks32_simd_rows_match_scalar) {
+  const std::vector<Isa> isas = exact_isas_here();
+  if (isas.empty()) NOTE("no avx2 / aarch64 isas here: scalar kernels only");
   else NOTE("isas: " << isa_list(isas));
   lever_test::Rng rng(0xB32);
   long compared = 0;
@@ -169,8 +178,8 @@ TEST(blocks32_neon_rows_match_scalar) {
   NOTE(compared << " row-kernel calls compared bitwise");
 }
 
-TEST(blocks32_neon_tiles_match_scalar) {
-  const std::vector<Isa> isas = arm_isas_here();
+TEST(blocks32_simd_tiles_match_scalar) {
+  const std::vector<Isa> isas = exact_isas_here();
   if (isas.empty()) NOTE("no aarch64 isas here: nothing to compare");
   lever_test::Rng rng(0x711E);
   long compared = 0;
@@ -217,13 +226,13 @@ TEST(blocks32_neon_tiles_match_scalar) {
                     << " tile calls compared bitwise");
 }
 
-TEST(blocks32_neon_quant_matmul_matches_scalar) {
-  std::vector<Isa> isas = arm_isas_here();
+TEST(blocks32_simd_quant_matmul_matches_scalar) {
+  std::vector<Isa> isas = exact_isas_here();
   const bool arm = !isas.empty();
   if (!arm) {
     // Nothing but scalar here: compare scalar quant_matmul with itself run
     // through the row kernel (a trivial check that the path works).
-    NOTE("no aarch64 isas here");
+    NOTE("no avx2 / aarch64 isas here");
   }
   lever_test::Rng rng(0x3A7);
   const size_t K = 32 * 28, N = 37;
@@ -326,4 +335,68 @@ TEST(blocks32_prepared_match_row_kernels) {
   }
   NOTE("prepared kernels:" << (ran.empty() ? " none on this CPU" : ran) << "; " << compared
                            << " calls compared bitwise");
+}
+
+TEST(blocks32_repacked_match_scalar_every_isa) {
+  lever_test::Rng rng(0x5E8);
+  std::string ran;
+  long compared = 0;
+  for (Isa isa : kAllIsas) {
+    if (!isa_available(isa)) continue;
+    ran += std::string(ran.empty() ? "" : ", ") + isa_name(isa);
+    for (const BlockType& t : kBlockTypes) {
+      const int rtype = repacked_type(t.type);
+      const DotGroupFn group = dot_group_kernel(rtype, isa);
+      const DotRowsFn scalar = dot_rows_kernel(t.type, Isa::kScalar);
+      REQUIRE(group != nullptr && scalar != nullptr);
+      for (size_t n_blocks : {size_t{1}, size_t{3}, size_t{28}}) {
+        const size_t N = 16, K = 32 * n_blocks, w_row = n_blocks * t.block_bytes;
+        const std::vector<uint8_t> w = random_weights(rng, t, N, n_blocks, 0);
+        std::vector<uint8_t> packed = w, back(w.size());
+        repack_rows(t.type, packed.data(), N, K);
+        unpack_rows(rtype, packed.data(), N, K, 0, N, back.data());
+        CHECK_MSG(back == w, t.name << ": repack / unpack does not give the rows back");
+        const size_t x_stride = act_row_bytes(t.type, K) + 12;
+        const std::vector<uint8_t> x = random_activations(rng, t.type, 64, n_blocks, x_stride);
+        std::vector<float> want(64 * N);
+        for (size_t n = 0; n < N; ++n) {
+          for (int r0 = 0; r0 < 64; r0 += kMaxDotRows) {
+            float col[kMaxDotRows];
+            scalar(w.data() + n * w_row, x.data() + r0 * x_stride, x_stride, kMaxDotRows, n_blocks, col);
+            for (int r = 0; r < kMaxDotRows; ++r) want[(r0 + r) * N + n] = col[r];
+          }
+        }
+        for (int M = 1; M <= 64; ++M) {
+          std::vector<float> got(M * N);
+          for (size_t g = 0; g < N / kRepackRows; ++g) {
+            group(packed.data() + g * kRepackRows * w_row, x.data(), x_stride, M, n_blocks,
+                  got.data() + g * kRepackRows, N);
+          }
+          ++compared;
+          CHECK_MSG(same_floats(got.data(), want.data(), got.size()),
+                    t.name << "_r8 " << isa_name(isa) << " M=" << M << " blocks=" << n_blocks
+                           << ": first difference at "
+                           << lever_test::first_bit_difference(got.data(), want.data(), got.size()));
+        }
+      }
+      // quant_matmul on the repacked matrix against the scalar one on the original.
+      const size_t K = 32 * 5, N = 40;
+      const std::vector<uint8_t> w = random_weights(rng, t, N, K / 32, 0);
+      std::vector<uint8_t> packed = w;
+      repack_rows(t.type, packed.data(), N, K);
+      for (size_t M = 1; M <= 64; ++M) {
+        std::vector<float> xf(M * K);
+        for (float& v : xf) v = rng.normal(1.0f);
+        std::vector<float> want(M * N), got(M * N);
+        quant_matmul(xf.data(), ElemType::kF32, M, K, K, w.data(), t.type, N, want.data(),
+                     ElemType::kF32, N, Isa::kScalar);
+        quant_matmul(xf.data(), ElemType::kF32, M, K, K, packed.data(), rtype, N, got.data(),
+                     ElemType::kF32, N, isa);
+        ++compared;
+        CHECK_MSG(same_floats(got.data(), want.data(), M * N),
+                  t.name << "_r8 " << isa_name(isa) << " quant_matmul M=" << M);
+      }
+    }
+  }
+  NOTE("isas: " << ran << "; " << compared << " calls compared bitwise");
 }

@@ -1,22 +1,30 @@
-// The aarch64 K-quant dot kernels (qdot_kquants_neon.cpp) against the scalar
-// path, bit for bit: for Q4_K and Q6_K and every aarch64 Isa this CPU has
-// (neon, dotprod, i8mm; the others are skipped and the ones that ran are
-// printed), the row kernels for n_x = 1..8, the tile kernels for every
-// (n_w <= 4, n_x <= 16), several weight-row offsets and block counts, random
-// and worst-case (largest magnitude) blocks, and quant_matmul for several M.
-// On x86-64 there are no aarch64 Isas: the test then checks only that each
-// x86 Isa's tile kernel gives its row kernel's results (the SIMD x86 kernels
-// use fused multiply-adds, so they are not compared with the scalar path).
+// The SIMD K-quant dot kernels against the scalar path, bit for bit: for
+// Q4_K and Q6_K and every Isa this CPU has whose kernels repeat the scalar
+// float steps (avx2 on x86-64; neon, dotprod, i8mm on aarch64; the others
+// are skipped and the ones that ran are printed), the row kernels for
+// n_x = 1..8, the tile kernels for every (n_w <= 4, n_x <= 16), several
+// weight-row offsets and block counts, random and worst-case (largest
+// magnitude) blocks, and quant_matmul for several M. The AVX-512 kernels
+// keep 16-lane float accumulators with fused multiply-adds, so they are not
+// compared with the scalar path; their tile kernels are checked against
+// their own row kernels.
+// The repacked kernels (kernels/repack.h, qdot_r8.h) are checked the same
+// way on every available Isa: every M from 1 to 64 and every group of the
+// matrix, memcmp-equal to the scalar kernel on the original rows, and the
+// repack / unpack round trip.
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/dequant.h"
 #include "kernels/qdot.h"
+#include "kernels/qdot_r8.h"
 #include "kernels/qmatmul.h"
+#include "kernels/repack.h"
 #include "native_test.h"
 
 namespace {
@@ -108,14 +116,15 @@ ActRows make_activations(int type, int n_x, size_t n_blocks, lever_test::Rng& rn
   return a;
 }
 
-bool is_arm_isa(Isa isa) {
-  return isa == Isa::kNeon || isa == Isa::kDotprod || isa == Isa::kI8mm;
+// SIMD Isas whose K-quant kernels take the scalar kernel's float steps.
+bool is_scalar_exact_isa(Isa isa) {
+  return isa == Isa::kAvx2 || isa == Isa::kNeon || isa == Isa::kDotprod || isa == Isa::kI8mm;
 }
 
-std::vector<Isa> available_arm_isas() {
+std::vector<Isa> available_exact_isas() {
   std::vector<Isa> out;
   for (Isa isa : lever::kAllIsas)
-    if (is_arm_isa(isa) && lever::isa_available(isa)) out.push_back(isa);
+    if (is_scalar_exact_isa(isa) && lever::isa_available(isa)) out.push_back(isa);
   return out;
 }
 
@@ -236,10 +245,10 @@ long check_matmul(int type, Isa isa, uint64_t seed) {
 
 }  // namespace
 
-TEST(qdot_kquants_neon_rows_match_scalar) {
-  const std::vector<Isa> isas = available_arm_isas();
-  if (isas.empty()) SKIP("no aarch64 isas here");
-  NOTE("aarch64 isas run: " << isa_list(isas));
+TEST(qdot_kquants_simd_rows_match_scalar) {
+  const std::vector<Isa> isas = available_exact_isas();
+  if (isas.empty()) SKIP("no avx2 or aarch64 isas here");
+  NOTE("isas run: " << isa_list(isas));
   for (Isa isa : isas) {
     for (int type : kKquantTypes) {
       long n = 0;
@@ -250,10 +259,10 @@ TEST(qdot_kquants_neon_rows_match_scalar) {
   }
 }
 
-TEST(qdot_kquants_neon_tiles_match_scalar) {
-  const std::vector<Isa> isas = available_arm_isas();
-  if (isas.empty()) SKIP("no aarch64 isas here");
-  NOTE("aarch64 isas run: " << isa_list(isas));
+TEST(qdot_kquants_simd_tiles_match_scalar) {
+  const std::vector<Isa> isas = available_exact_isas();
+  if (isas.empty()) SKIP("no avx2 or aarch64 isas here");
+  NOTE("isas run: " << isa_list(isas));
   for (Isa isa : isas) {
     for (int type : kKquantTypes) {
       if (lever::dot_tile_kernel(type, isa) == nullptr) continue;
@@ -266,9 +275,9 @@ TEST(qdot_kquants_neon_tiles_match_scalar) {
   }
 }
 
-TEST(qdot_kquants_neon_matmul_matches_scalar) {
-  const std::vector<Isa> isas = available_arm_isas();
-  if (isas.empty()) SKIP("no aarch64 isas here");
+TEST(qdot_kquants_simd_matmul_matches_scalar) {
+  const std::vector<Isa> isas = available_exact_isas();
+  if (isas.empty()) SKIP("no avx2 or aarch64 isas here");
   for (Isa isa : isas) {
     for (int type : kKquantTypes) {
       const long n = check_matmul(type, isa, 3000 + type);
@@ -278,21 +287,119 @@ TEST(qdot_kquants_neon_matmul_matches_scalar) {
   }
 }
 
-// x86-64 (or any CPU without aarch64 Isas): each available SIMD Isa's tile
-// kernel against its own row kernel (pair results must not depend on the tiling).
-TEST(qdot_kquants_tiles_match_rows_same_isa) {
-  if (!available_arm_isas().empty()) SKIP("covered by the aarch64 tests against scalar");
-  int ran = 0;
-  for (Isa isa : lever::kAllIsas) {
-    if (isa == Isa::kScalar || is_arm_isa(isa) || !lever::isa_available(isa)) continue;
-    for (int type : kKquantTypes) {
-      lever::DotRowsFn rows = lever::dot_rows_kernel(type, isa);
-      if (rows == nullptr || lever::dot_tile_kernel(type, isa) == nullptr) continue;
-      const long n = check_tiles(type, isa, rows, false, 4000 + type);
-      NOTE(lever::type_name(type) << " " << lever::isa_name(isa) << ": " << n
-                                  << " tile results compared with its row kernel");
-      ++ran;
+// AVX-512 (not bit-equal to the scalar path): its tile kernel against its
+// own row kernel (pair results must not depend on the tiling).
+TEST(qdot_kquants_avx512_tiles_match_rows) {
+  const Isa isa = Isa::kAvx512;
+  if (!lever::isa_available(isa)) SKIP("no avx512 here");
+  for (int type : kKquantTypes) {
+    lever::DotRowsFn rows = lever::dot_rows_kernel(type, isa);
+    REQUIRE(rows != nullptr && lever::dot_tile_kernel(type, isa) != nullptr);
+    const long n = check_tiles(type, isa, rows, false, 4000 + type);
+    NOTE(lever::type_name(type) << " avx512: " << n << " tile results compared with its row kernel");
+  }
+}
+
+namespace {
+
+// The repacked kernels of `type` on `isa` against the scalar kernel on the
+// original rows: every M in 1..64, every group of an N-row matrix.
+long check_repacked(int type, Isa isa, bool extreme, uint64_t seed) {
+  const int rtype = lever::repacked_type(type);
+  const lever::DotGroupFn group = lever::dot_group_kernel(rtype, isa);
+  const lever::DotRowsFn scalar = lever::dot_rows_kernel(type, Isa::kScalar);
+  REQUIRE(group != nullptr && scalar != nullptr);
+  lever_test::Rng rng(seed);
+  long compared = 0;
+  for (size_t n_blocks : {size_t{1}, size_t{3}}) {
+    const size_t N = 16, K = 256 * n_blocks, row_bytes = n_blocks * block_bytes_of(type);
+    const std::vector<uint8_t> w = make_weights(type, N, n_blocks, rng, extreme);
+    std::vector<uint8_t> packed = w;
+    lever::repack_rows(type, packed.data(), N, K);
+    std::vector<uint8_t> back(w.size());
+    lever::unpack_rows(rtype, packed.data(), N, K, 0, N, back.data());
+    CHECK_MSG(back == w, lever::type_name(type) << ": repack / unpack does not give the rows back");
+    const ActRows a = make_activations(type, 64, n_blocks, rng, extreme);
+    std::vector<float> want(64 * N);
+    for (size_t n = 0; n < N; ++n) {
+      float out[lever::kMaxDotRows];
+      for (int r0 = 0; r0 < 64; r0 += lever::kMaxDotRows) {
+        scalar(w.data() + n * row_bytes, a.data() + r0 * a.x_stride, a.x_stride, lever::kMaxDotRows,
+               n_blocks, out);
+        for (int r = 0; r < lever::kMaxDotRows; ++r) want[(r0 + r) * N + n] = out[r];
+      }
+    }
+    for (int M = 1; M <= 64; ++M) {
+      std::vector<float> got(M * N);
+      for (size_t g = 0; g < N / lever::kRepackRows; ++g) {
+        group(packed.data() + g * lever::kRepackRows * row_bytes, a.data(), a.x_stride, M, n_blocks,
+              got.data() + g * lever::kRepackRows, N);
+      }
+      const long diff = lever_test::first_bit_difference(got.data(), want.data(), got.size());
+      CHECK_MSG(diff < 0, lever::type_name(rtype) << " " << lever::isa_name(isa) << " M=" << M
+                              << " blocks=" << n_blocks << ": element " << diff << ": got "
+                              << describe(got[diff < 0 ? 0 : diff]) << " want "
+                              << describe(want[diff < 0 ? 0 : diff]));
+      compared += static_cast<long>(got.size());
     }
   }
-  if (ran == 0) SKIP("no aarch64 isas here, and no x86 tile kernels available");
+  return compared;
+}
+
+// quant_matmul on repacked weights (isa) against quant_matmul on the original
+// rows (scalar), for every M in 1..64 and a matrix of several groups.
+long check_repacked_matmul(int type, Isa isa, uint64_t seed) {
+  lever_test::Rng rng(seed);
+  const size_t K = 256 * 2, N = 40;
+  const std::vector<uint8_t> w = make_weights(type, N, K / 256, rng, false);
+  std::vector<uint8_t> packed = w;
+  lever::repack_rows(type, packed.data(), N, K);
+  long compared = 0;
+  for (size_t M = 1; M <= 64; ++M) {
+    std::vector<float> x(M * K);
+    for (float& f : x) f = rng.normal(1.0f);
+    std::vector<float> got(M * N), want(M * N);
+    lever::quant_matmul(x.data(), lever::ElemType::kF32, M, K, K, packed.data(),
+                        lever::repacked_type(type), N, got.data(), lever::ElemType::kF32, N, isa);
+    lever::quant_matmul(x.data(), lever::ElemType::kF32, M, K, K, w.data(), type, N, want.data(),
+                        lever::ElemType::kF32, N, Isa::kScalar);
+    const long diff = lever_test::first_bit_difference(got.data(), want.data(), got.size());
+    CHECK_MSG(diff < 0, lever::type_name(type) << " repacked " << lever::isa_name(isa)
+                            << " quant_matmul M=" << M << ": element " << diff);
+    compared += static_cast<long>(got.size());
+  }
+  return compared;
+}
+
+}  // namespace
+
+TEST(qdot_repacked_match_scalar_every_isa) {
+  std::vector<Isa> ran;
+  for (Isa isa : lever::kAllIsas) {
+    if (!lever::isa_available(isa)) continue;
+    ran.push_back(isa);
+    for (int type : kKquantTypes) {
+      long n = 0;
+      for (bool extreme : {false, true}) n += check_repacked(type, isa, extreme, 5000 + type);
+      n += check_repacked_matmul(type, isa, 6000 + type);
+      NOTE(lever::type_name(type) << "_R8 " << lever::isa_name(isa) << ": " << n
+                                  << " results compared with the scalar kernel");
+    }
+  }
+  NOTE("isas run: " << isa_list(ran));
+}
+
+TEST(qdot_repacked_rejects_bad_shapes) {
+  std::vector<uint8_t> w(7 * 144);
+  CHECK(!lever::can_repack(lever::kTypeQ4_K, 7, 256));
+  CHECK(!lever::can_repack(lever::kTypeF16, 8, 256));
+  CHECK(!lever::can_repack(lever::kTypeQ6_K, 8, 288));
+  CHECK(lever::can_repack(lever::kTypeQ6_K, 8, 512));
+  bool threw = false;
+  try {
+    lever::repack_rows(lever::kTypeQ4_K, w.data(), 7, 256);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  CHECK(threw);
 }

@@ -16,7 +16,11 @@ stay charged to the process's memory cgroup next to the weights' own copy,
 doubling the model's footprint under a memory limit.
 
 Tensors keep the file's block types (the native kernels multiply them
-directly).  llama.cpp stores the q/k projections (and biases) of *llama*
+directly).  Where this process's kernels are the AVX2 ones
+(`_native.should_repack()`), matrices of the types in REPACK_AT_LOAD are repacked in
+place into groups of 8 interleaved rows for the register-blocked batched
+kernels (`repack_loaded`): the same bytes permuted, the same size, and the
+same results bit for bit (csrc/kernels/repack.h).  llama.cpp stores the q/k projections (and biases) of *llama*
 models with rows permuted for its interleaved RoPE: the rows are read into
 their rotate-half positions (one iovec per row; rows are whole blocks).
 """
@@ -68,6 +72,25 @@ def check_type(where: str, name: str, qtype: int, matrix: bool, hint: str = "") 
         raise UnsupportedModelError(f"{where}: tensor {name!r} uses {type_name(qtype)}, which the native "
                                     f"decoder cannot use for a {'matrix' if matrix else 'vector'} "
                                     f"(supported: {names}){hint}")
+
+
+# The types repacked as a model loads. Q6_K has a repacked form too, but on
+# the AVX2 hosts measured it is slower than the row kernels below 32 rows
+# (lever-kbench), and one-row decoding reads the Q6_K output head every token.
+REPACK_AT_LOAD = {int(GGMLQuantizationType.Q4_K), int(GGMLQuantizationType.Q8_0),
+                  int(GGMLQuantizationType.Q5_0), int(GGMLQuantizationType.Q4_0),
+                  int(GGMLQuantizationType.Q4_1)}
+
+
+def repack_loaded(buffer: np.ndarray, qtype: int, shape: tuple) -> int:
+    """Repacks the [rows, cols] matrix of ggml `qtype` in `buffer` in place
+    when this process uses repacked weights (`_native.should_repack`), the
+    type is in REPACK_AT_LOAD and the matrix has a repacked form; returns its
+    type id as loaded (the repacked id, or `qtype`)."""
+    if (len(shape) == 2 and int(qtype) in REPACK_AT_LOAD and _native.should_repack()
+            and _native.can_repack(int(qtype), *map(int, shape))):
+        return _native.repack_rows(buffer, int(qtype), int(shape[0]), int(shape[1]))
+    return int(qtype)
 
 
 def aligned_buffer(nbytes: int) -> np.ndarray:
@@ -166,6 +189,9 @@ class ResidentWeights:
             else:
                 self.embedding, self.embedding_qtype = _read_whole(fd, embed, g.path), embed.qtype
                 self.head = _read_as_q4_0(fd, head, g.path) if to_q4_0 else _read_whole(fd, head, g.path)
+            head_qtype = repack_loaded(self.head, head_qtype, (cfg.vocab_size, cfg.hidden_size))
+            if cfg.tie_word_embeddings:
+                self.embedding_qtype = head_qtype
             self.head_parts = [(0, cfg.vocab_size, head_qtype)]
             norm = g.tensors["output_norm.weight"]
             raw = np.empty(norm.nbytes, dtype=np.uint8)
@@ -173,7 +199,7 @@ class ResidentWeights:
             drop_page_cache(fd)
         self.norm = np.empty(cfg.hidden_size, dtype=np.float32)
         _native.dequantize(raw, norm.qtype, self.norm)
-        self.vocab_size = cfg.vocab_size
+        self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
         held = self.buffers + [self.embedding] + ([] if cfg.tie_word_embeddings else [self.head])
         self.weight_bytes = sum(held_bytes(b) for b in held) + self.norm.nbytes
         names = [f"blk.{i}.{n}" for i in range(cfg.n_layers) for n in _gguf_layer_names(cfg)]
@@ -203,8 +229,10 @@ class ResidentWeights:
             decoder_name = LAYER_TENSOR_NAMES[name]
             heads = permuted_heads(cfg, decoder_name)
             order = qk_row_order(info.shape[0], heads) if heads else None
-            read_tensor(fd, info, buffer[offset:offset + info.nbytes], g.path, order)
-            entries.append((decoder_name, offset, info.qtype, tuple(info.shape)))
+            view = buffer[offset:offset + info.nbytes]
+            read_tensor(fd, info, view, g.path, order)
+            entries.append((decoder_name, offset, repack_loaded(view, info.qtype, tuple(info.shape)),
+                            tuple(info.shape)))
         return buffer, _native.LayerLayout(entries)
 
     # -- the weight source interface (native_decoder) --------------------------
@@ -221,9 +249,16 @@ class ResidentWeights:
 
     def head_rows(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
         """(uint8 [len(ids), row bytes], ggml type): the output head's rows of
-        token ids `ids` as stored (the early-exit probe's lens, lever.probe)."""
+        token ids `ids` in their ggml layout, restored where the head is
+        repacked (the early-exit probe's lens, lever.probe)."""
         check_token_ids(ids, self.vocab_size)
-        return self.head.reshape(self.vocab_size, -1)[ids], self.head_parts[0][2]
+        qtype = self.head_parts[0][2]
+        base = _native.base_type(qtype)
+        if base != qtype:  # repacked: restore the rows' original blocks
+            rows = _native.unpack_rows(self.head, qtype, self.vocab_size, self.hidden_size,
+                                       np.asarray(ids, dtype=np.int64).tolist())
+            return rows, base
+        return self.head.reshape(self.vocab_size, -1)[ids], qtype
 
 
 def check_token_ids(ids: np.ndarray, vocab_size: int) -> None:

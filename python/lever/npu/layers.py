@@ -34,6 +34,7 @@ import numpy as np
 from .. import _native
 from ..errors import LeverError
 from ..model.config import ModelConfig
+from ..quant import in_ggml_layout
 from .context import BucketGraphs
 from .graph import TENSOR_INPUT, weight_shapes
 from .runtime import NpuError
@@ -114,7 +115,8 @@ def layer_weights(cfg: ModelConfig, layout, buffer: np.ndarray, dtype: str) -> d
         count = int(np.prod(shape))
         nbytes = count // _native.block_size(qtype) * _native.type_size(qtype)
         values = np.empty(count, dtype=dtype)           # float32 or float16: the native core rounds
-        _native.dequantize(buffer[offset:offset + nbytes], qtype, values)
+        data, qtype = in_ggml_layout(buffer[offset:offset + nbytes], qtype, shape)
+        _native.dequantize(data, qtype, values)
         out[key] = values.reshape(shapes[key])
     missing = sorted(set(shapes) - set(out))
     if missing:
