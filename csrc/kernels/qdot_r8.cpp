@@ -380,74 +380,48 @@ LEVER_AVX2 void nibbles_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t 
   for (int r = 0; r < NX; ++r) _mm256_storeu_ps(out + r * out_stride, acc[r]);
 }
 
-// Any n_x: tiles of kTileRows activation rows, then the remainder.
-template <template <int> class Tile>
+// Any n_x: tiles of kTileRows activation rows, then the remainder; Tn is
+// the tile kernel for n activation rows.
+using TileFn = void (*)(const uint8_t*, const uint8_t*, size_t, size_t, float*, size_t);
+
+template <TileFn T1, TileFn T2, TileFn T3, TileFn T4>
 LEVER_AVX2 void run_group(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
                           size_t n_blocks, float* out, size_t out_stride) {
+  static_assert(kTileRows == 4, "T4 is the full tile");
   int r0 = 0;
   for (; r0 + kTileRows <= n_x; r0 += kTileRows) {
-    Tile<kTileRows>::run(w, x + r0 * x_stride, x_stride, n_blocks, out + r0 * out_stride, out_stride);
+    T4(w, x + r0 * x_stride, x_stride, n_blocks, out + r0 * out_stride, out_stride);
   }
   const uint8_t* xr = x + r0 * x_stride;
   float* o = out + r0 * out_stride;
   switch (n_x - r0) {
-    case 1: Tile<1>::run(w, xr, x_stride, n_blocks, o, out_stride); break;
-    case 2: Tile<2>::run(w, xr, x_stride, n_blocks, o, out_stride); break;
-    case 3: Tile<3>::run(w, xr, x_stride, n_blocks, o, out_stride); break;
+    case 1: T1(w, xr, x_stride, n_blocks, o, out_stride); break;
+    case 2: T2(w, xr, x_stride, n_blocks, o, out_stride); break;
+    case 3: T3(w, xr, x_stride, n_blocks, o, out_stride); break;
     default: break;
   }
 }
 
-template <int NX>
-struct Q4KTile {
-  LEVER_AVX2 static void run(const uint8_t* w, const uint8_t* x, size_t x_stride, size_t n_blocks,
-                             float* out, size_t out_stride) {
-    q4_k_r8_avx2_tile<NX>(w, x, x_stride, n_blocks, out, out_stride);
-  }
-};
-template <int NX>
-struct Q6KTile {
-  LEVER_AVX2 static void run(const uint8_t* w, const uint8_t* x, size_t x_stride, size_t n_blocks,
-                             float* out, size_t out_stride) {
-    q6_k_r8_avx2_tile<NX>(w, x, x_stride, n_blocks, out, out_stride);
-  }
-};
-
-template <int NX>
-struct Q8_0Tile {
-  LEVER_AVX2 static void run(const uint8_t* w, const uint8_t* x, size_t x_stride, size_t n_blocks,
-                             float* out, size_t out_stride) {
-    q8_0_r8_avx2_tile<NX>(w, x, x_stride, n_blocks, out, out_stride);
-  }
-};
-template <class T>
-struct NibblesTile {
-  template <int NX>
-  struct Of {
-    LEVER_AVX2 static void run(const uint8_t* w, const uint8_t* x, size_t x_stride,
-                               size_t n_blocks, float* out, size_t out_stride) {
-      nibbles_r8_avx2_tile<T, NX>(w, x, x_stride, n_blocks, out, out_stride);
-    }
-  };
-};
-
+void q4_k_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                  float* out, size_t out_stride) {
+  run_group<q4_k_r8_avx2_tile<1>, q4_k_r8_avx2_tile<2>, q4_k_r8_avx2_tile<3>, q4_k_r8_avx2_tile<4>>(
+      w, x, x_stride, n_x, n_blocks, out, out_stride);
+}
+void q6_k_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                  float* out, size_t out_stride) {
+  run_group<q6_k_r8_avx2_tile<1>, q6_k_r8_avx2_tile<2>, q6_k_r8_avx2_tile<3>, q6_k_r8_avx2_tile<4>>(
+      w, x, x_stride, n_x, n_blocks, out, out_stride);
+}
 void q8_0_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                   float* out, size_t out_stride) {
-  run_group<Q8_0Tile>(w, x, x_stride, n_x, n_blocks, out, out_stride);
+  run_group<q8_0_r8_avx2_tile<1>, q8_0_r8_avx2_tile<2>, q8_0_r8_avx2_tile<3>, q8_0_r8_avx2_tile<4>>(
+      w, x, x_stride, n_x, n_blocks, out, out_stride);
 }
 template <class T>
 void nibbles_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                      float* out, size_t out_stride) {
-  run_group<NibblesTile<T>::template Of>(w, x, x_stride, n_x, n_blocks, out, out_stride);
-}
-
-void q4_k_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-                  float* out, size_t out_stride) {
-  run_group<Q4KTile>(w, x, x_stride, n_x, n_blocks, out, out_stride);
-}
-void q6_k_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-                  float* out, size_t out_stride) {
-  run_group<Q6KTile>(w, x, x_stride, n_x, n_blocks, out, out_stride);
+  run_group<nibbles_r8_avx2_tile<T, 1>, nibbles_r8_avx2_tile<T, 2>, nibbles_r8_avx2_tile<T, 3>,
+            nibbles_r8_avx2_tile<T, 4>>(w, x, x_stride, n_x, n_blocks, out, out_stride);
 }
 #endif  // __x86_64__
 
