@@ -1,4 +1,5 @@
-"""bench/bench_llamacpp.py: parsing llama.cpp's timings, the absent-binaries message; bench/rows_vs_llamacpp.py: llama-bench's JSON, its absence."""
+"""bench/bench_llamacpp.py: parsing llama.cpp's timings, the absent-binaries
+message; bench/rows_vs_llamacpp.py: reading llama-bench's JSON, its absence."""
 
 import importlib.util
 from pathlib import Path
