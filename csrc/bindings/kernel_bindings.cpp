@@ -14,6 +14,7 @@
 #include "kernels/dequant.h"
 #include "kernels/qmatmul.h"
 #include "kernels/repack.h"
+#include "model/dense_matmul.h"  // row_bytes
 
 namespace py = pybind11;
 
@@ -174,7 +175,7 @@ int repack_rows(const py::buffer& w, int qtype, size_t rows, size_t cols) {
                           " " + lever::type_name(qtype) + " matrix cannot be repacked");
   }
   const py::buffer_info wi = w.request(true);
-  check_bytes(wi, rows * lever::row_bytes_of(qtype, cols), "w", true);
+  check_bytes(wi, rows * lever::row_bytes(qtype, cols), "w", true);
   py::gil_scoped_release no_gil;
   lever::repack_rows(qtype, static_cast<uint8_t*>(wi.ptr), rows, cols);
   return lever::repacked_type(qtype);
@@ -185,18 +186,21 @@ py::array_t<uint8_t> unpack_rows(const py::buffer& w, int qtype, size_t rows, si
   if (!lever::is_repacked_type(qtype)) {
     throw py::value_error(std::string("type ") + std::to_string(qtype) + " is not a repacked type");
   }
-  const size_t rb = lever::row_bytes_of(qtype, cols);
+  const size_t rb = lever::row_bytes(qtype, cols);
   const py::buffer_info wi = w.request();
   check_bytes(wi, rows * rb, "w", false);
   py::array_t<uint8_t> out({ids.size(), rb});
   uint8_t* dst = out.mutable_data();
-  for (size_t i = 0; i < ids.size(); ++i) {
+  for (size_t i = 0; i < ids.size();) {
     if (ids[i] < 0 || static_cast<size_t>(ids[i]) >= rows) {
       throw py::value_error("row " + std::to_string(ids[i]) + " is outside the " +
                             std::to_string(rows) + " rows");
     }
+    size_t j = i + 1;  // ids[i .. j) are consecutive rows: one call restores them together
+    while (j < ids.size() && ids[j] == ids[j - 1] + 1 && static_cast<size_t>(ids[j]) < rows) ++j;
     lever::unpack_rows(qtype, static_cast<const uint8_t*>(wi.ptr), rows, cols,
-                       static_cast<size_t>(ids[i]), 1, dst + i * rb);
+                       static_cast<size_t>(ids[i]), j - i, dst + i * rb);
+    i = j;
   }
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include "kernels/repack.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -152,18 +153,21 @@ void unpack_rows(int type, const uint8_t* w, size_t N, size_t K, size_t first, s
   const size_t n_blocks = K / block_size(type), row_bytes = n_blocks * L.block_bytes;
   const size_t gb_bytes = kRepackRows * L.block_bytes;
   std::vector<uint8_t> blocks(gb_bytes);
-  for (size_t i = 0; i < n; ++i) {
-    const size_t row = first + i, g = row / kRepackRows, r = row % kRepackRows;
+  // Each group-block is restored once for all the wanted rows of its group.
+  for (size_t row0 = first; row0 < first + n;) {
+    const size_t g = row0 / kRepackRows;
+    const size_t row1 = std::min(first + n, (g + 1) * kRepackRows);  // rows [row0, row1) of group g
     const uint8_t* group = w + g * kRepackRows * row_bytes;
     for (size_t b = 0; b < n_blocks; ++b) {
       move_fields(L, group + b * gb_bytes, blocks.data(), false);
-      std::memcpy(out + i * row_bytes + b * L.block_bytes, blocks.data() + r * L.block_bytes,
-                  L.block_bytes);
+      for (size_t row = row0; row < row1; ++row) {
+        std::memcpy(out + (row - first) * row_bytes + b * L.block_bytes,
+                    blocks.data() + (row % kRepackRows) * L.block_bytes, L.block_bytes);
+      }
     }
+    row0 = row1;
   }
 }
-
-size_t row_bytes_of(int type, size_t K) { return K / block_size(type) * type_size(type); }
 
 bool should_repack() {
   const char* env = std::getenv("LEVER_REPACK");  // "0": keep the original layout (A/B runs)

@@ -63,9 +63,6 @@ int repacked_type(int type);
 // kRepackRows and K of the block size.
 bool can_repack(int type, size_t N, size_t K);
 
-// Bytes of one row of K values of `type` (ggml or repacked): K / 256 * type size.
-size_t row_bytes_of(int type, size_t K);
-
 // Repacks the [N, K] matrix w of ggml `type` in place (the bytes of one group
 // are permuted through a small scratch buffer). Throws std::invalid_argument
 // if !can_repack(type, N, K).
