@@ -51,9 +51,15 @@ from lever.store.residency import parse_size
 SDIST_VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{SDIST_VERSION}"
 TARGETS = ("llama-speculative", "llama-simple", "llama-bench")
+# GGML_NATIVE compiles for this CPU (AVX2 / AVX-512 VNNI / its own repacked
+# int8 GEMM), except AMX: on CPUs with AMX (Sapphire Rapids guests) ggml's AMX
+# matmul segfaulted in llama-bench at pp >= 4 (2026-12-05), and Lever has no
+# AMX kernels, so both engines use the same vector instructions.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
-                 "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON")
+                 "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON",
+                 f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
 DEFAULT_CACHE = Path(os.environ.get("LEVER_LLAMACPP_DIR") or Path.home() / ".cache" / "lever" / "llamacpp")
 
 

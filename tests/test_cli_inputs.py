@@ -187,6 +187,8 @@ BAD = [
     ([*CONVERT, "--out", "{file}"], "--out"),
     ([*CONVERT, "--out", "{dir}"], "already exists"),
     ([*CONVERT, "--out", "{missing}", "--dtype", "q9"], "--dtype"),
+    *[([*CONVERT, "--out", "{missing}", "--weight-layout", v],
+       "argument --weight-layout: expected one of repacked, gguf") for v in ["r8", "", "GGUF"]],
     ([*CONVERT, "--out", "{missing}", "--cache-dir", "{file}"], "--cache-dir"),
     (["convert", "{dir}", "--out", "{missing}"], "checkpoint directory"),
     (["convert", "{file}", "--out", "{missing}"], "not a GGUF file"),

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from lever import _native
-from lever.model.native_loader import REPACK_AT_LOAD, load_gguf_native
+from lever.model.native_loader import load_gguf_native
+from lever.quant import repack_at_load_types
 
 needs_repack = pytest.mark.skipif(not _native.should_repack(),
                                   reason="this CPU's kernel isa does not repack resident weights")
@@ -43,7 +44,7 @@ def test_repacked_smollm2_logits_bit_equal_to_gguf_layout(smollm2_path, monkeypa
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"T={T}"
     # A tied, repacked head: the embedding rows and the probe's lens rows are restored.
     head_type = packed.weights.head_parts[0][2]
-    assert _native.base_type(head_type) in REPACK_AT_LOAD and head_type != _native.base_type(head_type)
+    assert _native.base_type(head_type) in repack_at_load_types() and head_type != _native.base_type(head_type)
     ids = np.array([0, 1, 7, 8, 12345, packed.weights.vocab_size - 1], dtype=np.int64)
     rows_a, type_a = packed.weights.head_rows(ids)
     rows_b, type_b = plain.weights.head_rows(ids)

@@ -84,7 +84,8 @@ def test_store_layout(qwen_store):
     assert offsets == sorted(offsets)
     assert all(a.offset + a.length == b.offset for a, b in zip(m.layers, m.layers[1:]))
     assert m.storage == "source"
-    assert {t.qtype for e in m.layers for t in e.tensors} >= {12, 14}     # Q4_K and Q6_K kept as blocks
+    assert m.weight_layout == "repacked"
+    assert {t.qtype for e in m.layers for t in e.tensors} >= {1012, 1014}   # Q4_K and Q6_K kept as blocks, repacked
 
 
 def test_conversion_is_atomic(smollm2_path, tmp_path, monkeypatch):
@@ -127,8 +128,9 @@ def run_passes(model, ids, steps=3):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_streamed_equals_in_memory(which, dtype, request, smollm2_path, qwen05_path):
     """Every matrix is multiplied straight from its read buffer (kernel blocks of a
-    source store, BF16 of a bf16 store); the logits are the same bits whatever the
-    budget pins, and for a source store the same as the native model of its GGUF."""
+    source store, repacked where they have a repacked form, BF16 of a bf16 store);
+    the logits are the same bits whatever the budget pins, and for a source store
+    the same as the native model of its GGUF."""
     store = request.getfixturevalue(f"{which}_store")
     ids = [1, 100, 2000, 300, 42, 7, 999, 5]
     m = StoreManifest.load(store)

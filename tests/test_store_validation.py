@@ -15,7 +15,7 @@ import pytest
 from lever.cli import main
 from lever.errors import ChecksumError, StoreError
 from lever.store.convert import convert
-from lever.store.manifest import MANIFEST, TOKENIZER, WEIGHTS, StoreManifest
+from lever.store.manifest import FORMAT_VERSION, MANIFEST, TOKENIZER, WEIGHTS, StoreManifest
 from lever.store.manifest_json import CHECKSUM_FIELD, digest
 from tiny_model import lever_error_of, native_logits, store_logits, write_tiny_gguf
 
@@ -53,6 +53,10 @@ def edit(fn, reseal=False):
 
 def layer(raw, i):
     return next(e for e in raw["extents"] if e["name"] == f"layer.{i}")
+
+
+def extent(raw, name):
+    return next(e for e in raw["extents"] if e["name"] == name)
 
 
 def swap_layer_data(raw):
@@ -139,6 +143,17 @@ MANIFEST_CASES = {
     "CRC dropped, resealed": (edit(lambda r: layer(r, 0)["chunk_crc32c"].append(1), reseal=True),
                               "chunk_crc32c holds"),
     "CRC out of range": (edit(lambda r: layer(r, 0).update(chunk_crc32c=[1 << 33])), "chunk_crc32c"),
+    "format version 4": (edit(setter(("format_version",), 4)), "version 4 is newer than this Lever reads"),
+    "version 2 with a weight_layout, resealed": (edit(setter(("format_version",), 2), reseal=True),
+                                                 "weight_layout is not a field"),
+    "weight_layout removed": (edit(delete("weight_layout")), "weight_layout is missing"),
+    "weight_layout unknown, resealed": (edit(setter(("weight_layout",), "r8"), reseal=True), "weight_layout 'r8'"),
+    "repacked ids in a gguf-layout store, resealed": (edit(setter(("weight_layout",), "gguf"), reseal=True),
+                                                      "repacked type in a store whose weight_layout is 'gguf'"),
+    "repacked id in an embedding part, resealed": (edit(lambda r: extent(r, "embed.0")["tensors"][0].update(qtype=1008),
+                                                        reseal=True), "repacked type in an embedding part"),
+    "repacked id of F32, resealed": (edit(setter(("extents", 0, "tensors", 0, "qtype"), 1000), reseal=True),
+                                     "qtype 1000 is not a type"),
 }
 
 
@@ -260,4 +275,4 @@ def test_symlink_inside_the_store_is_followed(sources, tmp_path):
 
 def test_manifest_records_its_checksum(sources):
     raw = json.loads((sources["qwen2"][1] / MANIFEST).read_text())
-    assert raw["format_version"] == 2 and raw[CHECKSUM_FIELD] == digest(raw)
+    assert raw["format_version"] == FORMAT_VERSION == 3 and raw[CHECKSUM_FIELD] == digest(raw)

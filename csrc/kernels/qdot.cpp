@@ -106,17 +106,17 @@ struct KernelSet {
   bool q8k_activations;
   DotRowsFn rows[kIsaSlots];
   DotTileFn tile[kIsaSlots];
-  const PreparedKernels* avx512_prepared;  // nullptr: none (the only Isa that has them)
 };
 
 #if defined(__x86_64__)
-#define LEVER_X86_ROWS(t) qdot::t##_avx2, qdot::t##_avx512
-#define LEVER_X86_TILE(t) nullptr, qdot::t##_avx512_tile
-#define LEVER_X86_PREPARED(k) &qdot::k
+// kAvx512 runs the AVX2 kernels on weights in the GGUF layout: they equal the
+// scalar kernels bit for bit, and AVX-512's own kernels are the repacked ones
+// (qdot_r8.h), which weights take as they load.
+#define LEVER_X86_ROWS(t) qdot::t##_avx2, qdot::t##_avx2
+#define LEVER_X86_TILE(t) nullptr, nullptr
 #else
 #define LEVER_X86_ROWS(t) nullptr, nullptr
 #define LEVER_X86_TILE(t) nullptr, nullptr
-#define LEVER_X86_PREPARED(k) nullptr
 #endif
 #if defined(__aarch64__)
 #define LEVER_ARM_ROWS(t) qdot::t##_neon, qdot::t##_dotprod, qdot::t##_dotprod
@@ -125,17 +125,17 @@ struct KernelSet {
 #define LEVER_ARM_ROWS(t) nullptr, nullptr, nullptr
 #define LEVER_ARM_TILE(t) nullptr, nullptr, nullptr
 #endif
-#define LEVER_KERNELS(type_id, q8k, t, prepared)                                          \
+#define LEVER_KERNELS(type_id, q8k, t)                                                 \
   {type_id, q8k, {nullptr, qdot::t##_scalar, LEVER_X86_ROWS(t), LEVER_ARM_ROWS(t)},     \
-   {nullptr, nullptr, LEVER_X86_TILE(t), LEVER_ARM_TILE(t)}, prepared}
+   {nullptr, nullptr, LEVER_X86_TILE(t), LEVER_ARM_TILE(t)}}
 
 const KernelSet kKernels[] = {
-    LEVER_KERNELS(kTypeQ4_K, true, q4_k, nullptr),
-    LEVER_KERNELS(kTypeQ6_K, true, q6_k, nullptr),
-    LEVER_KERNELS(kTypeQ8_0, false, q8_0, LEVER_X86_PREPARED(kQ8_0Avx512Prepared)),
-    LEVER_KERNELS(kTypeQ5_0, false, q5_0, LEVER_X86_PREPARED(kQ5_0Avx512Prepared)),
-    LEVER_KERNELS(kTypeQ4_0, false, q4_0, LEVER_X86_PREPARED(kQ4_0Avx512Prepared)),
-    LEVER_KERNELS(kTypeQ4_1, false, q4_1, nullptr),
+    LEVER_KERNELS(kTypeQ4_K, true, q4_k),
+    LEVER_KERNELS(kTypeQ6_K, true, q6_k),
+    LEVER_KERNELS(kTypeQ8_0, false, q8_0),
+    LEVER_KERNELS(kTypeQ5_0, false, q5_0),
+    LEVER_KERNELS(kTypeQ4_0, false, q4_0),
+    LEVER_KERNELS(kTypeQ4_1, false, q4_1),
 };
 
 const KernelSet* find_kernels(int type) {
@@ -148,7 +148,7 @@ const KernelSet* find_kernels(int type) {
 }  // namespace
 
 // Repacked types (kernels/repack.h) have group kernels (qdot_r8.h), not the
-// row, tile or prepared kernels here, and take their base type's activations.
+// row or tile kernels here, and take their base type's activations.
 bool has_dot_kernel(int type) { return find_kernels(base_type(type)) != nullptr; }
 
 bool uses_q8k_activations(int type) {
@@ -172,12 +172,5 @@ DotTileFn dot_tile_kernel(int type, Isa isa) {
   return k->tile[static_cast<int>(isa)];
 }
 
-const PreparedKernels* prepared_kernels(int type, Isa isa) {
-  const KernelSet* k = find_kernels(type);
-  if (k == nullptr) return nullptr;
-  if (isa == Isa::kAuto) isa = best_isa();
-  if (isa != Isa::kAvx512 || !isa_available(isa)) return nullptr;
-  return k->avx512_prepared;
-}
 
 }  // namespace lever

@@ -5,8 +5,8 @@
 // GGUF file or a Lever store, against up to kMaxDotRows activation rows that
 // were quantised to 8 bits first. Weights are never expanded to floats in
 // memory: each block is unpacked in registers and multiplied with integer
-// instructions (AVX-512 VNNI vpdpbusd / vpdpwssd, AVX2 vpmaddubsw /
-// vpmaddwd, or plain C++), and the block's float scales are applied once per
+// instructions (AVX2 vpmaddubsw / vpmaddwd, NEON, or plain C++; AVX-512 VNNI
+// in the repacked layout, qdot_r8.h), and the block's float scales are applied once per
 // block.
 //
 // Activation formats. An activation row of K values is quantised per block
@@ -72,18 +72,6 @@ using DotTileFn = void (*)(const uint8_t* w, size_t w_stride, int n_w, const uin
                            size_t x_stride, int n_x, size_t n_blocks, float* out,
                            size_t out_stride);
 
-// Kernels that read the activations in a layout of their own ("prepared
-// rows"), made from ActQ8_32 rows once per matmul so that the work each
-// activation block needs before its dot products (done once per weight row
-// otherwise) is done once. Their results are bit-identical to the DotRowsFn
-// of the same type and Isa.
-struct PreparedKernels {
-  size_t (*row_bytes)(size_t n_blocks);                     // bytes of one prepared row
-  void (*prepare)(const uint8_t* x, size_t n_blocks, uint8_t* out);  // one ActQ8_32 row
-  DotRowsFn rows;  // as DotRowsFn, x: prepared rows (64-byte aligned)
-  DotTileFn tile;  // as DotTileFn, x: prepared rows
-};
-
 // Instruction sets a kernel can be built for. kAuto picks the best the
 // running CPU supports. x86-64: AVX2, AVX-512. aarch64: kNeon (baseline
 // ASIMD, every aarch64 CPU), kDotprod (armv8.2-a sdot/udot), kI8mm (dotprod
@@ -126,14 +114,11 @@ DotRowsFn dot_rows_kernel(int type, Isa isa);
 // nullptr if there is none (then use dot_rows_kernel).
 DotTileFn dot_tile_kernel(int type, Isa isa);
 
-// The prepared-row kernels for weight `type` built for `isa` (kAuto =
-// best_isa()); nullptr if there are none (then use dot_rows_kernel).
-const PreparedKernels* prepared_kernels(int type, Isa isa);
-
 // Per-type kernels, one set per Isa (defined in qdot_kquants.cpp and
 // qdot_blocks32.cpp: Q8_0, Q5_0, Q4_0, Q4_1; the aarch64 ones in
-// qdot_kquants_neon.cpp and qdot_blocks32_neon.cpp). The AVX2 / AVX-512
-// variants exist on x86-64 builds only, the NEON ones on aarch64 only.
+// qdot_kquants_neon.cpp and qdot_blocks32_neon.cpp). The AVX2 variants exist
+// on x86-64 builds only (kAvx512 runs them too on weights in the GGUF layout:
+// its own kernels are the repacked ones, qdot_r8.h), the NEON ones on aarch64 only.
 // kI8mm uses the dotprod row kernels and has its own (smmla) tile kernels.
 namespace qdot {
 void q4_k_scalar(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
@@ -149,25 +134,6 @@ void q8_0_avx2(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
 void q5_0_avx2(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
 void q4_0_avx2(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
 void q4_1_avx2(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
-void q4_k_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
-void q6_k_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
-void q8_0_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
-void q5_0_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
-void q4_0_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
-void q4_1_avx512(const uint8_t*, const uint8_t*, size_t, int, size_t, float*);
-void q4_k_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
-                      size_t);
-void q6_k_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
-                      size_t);
-void q8_0_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
-                      size_t);
-void q5_0_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
-                      size_t);
-void q4_0_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
-                      size_t);
-void q4_1_avx512_tile(const uint8_t*, size_t, int, const uint8_t*, size_t, int, size_t, float*,
-                      size_t);
-extern const PreparedKernels kQ8_0Avx512Prepared, kQ5_0Avx512Prepared, kQ4_0Avx512Prepared;
 #endif
 #if defined(__aarch64__)
 #define LEVER_DECLARE_NEON(type)                                                              \

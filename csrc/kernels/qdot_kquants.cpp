@@ -13,9 +13,8 @@
 //     block sum = d * xd * (sum_g sc_g * dot_g(q, xqs) - 32 * sum_g sc_g * bsums[g])
 //
 // The weights q are unsigned and the activations signed bytes (|x| <= 127).
-// How the integer part is done:
-//   AVX-512: vpdpbusd (u8 x s8, 4 products summed into int32), vpackssdw to
-//            int16, vpdpwssd with the int16 scales (see "AVX-512 kernels").
+// How the integer part is done (AVX-512 CPUs run the AVX2 kernels on weights
+// in this layout; their fast path is the repacked layout, qdot_r8_vnni.cpp):
 //   AVX2:    vpmaddubsw (u8 x s8, pairs summed into int16), vphaddw, vpmaddwd
 //            with the int16 scales (see "AVX2 kernels").
 //   scalar:  scale * q precomputed as int16 per block, then a plain int16 x
@@ -180,8 +179,6 @@ void q6_k_scalar_impl(const uint8_t* w, const uint8_t* x, size_t x_stride, int n
 #if defined(__x86_64__)
 
 #define LEVER_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define LEVER_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 
 // Calls Rows<1> .. Rows<8> (the template argument is the row count, so that
 // each row's accumulator stays in a register).
@@ -366,267 +363,6 @@ LEVER_AVX2 void q6_k_avx2_rows(const uint8_t* w, const uint8_t* x, size_t x_stri
   for (int r = 0; r < N; ++r) out[r] = facc[r];
 }
 
-// ---------------------------------------------------------------------------
-// AVX-512 kernels (512-bit vectors: 64 values each).
-//
-// Integer core per 128 values (two vectors a, b):
-//   vpdpbusd: u8 weights x s8 activations, 4 neighbours summed -> int32 P_a, P_b
-//             (one sub-block / group per int32 lane; |P| <= 4 * 63 * 127 < 32767)
-//   vpackssdw: P_a, P_b -> 32 int16 (exact, no saturation)
-//   vpdpwssd: times the int16 scales, pairs summed, accumulated into int32.
-// That is 3 multiply-class instructions per 128 values instead of 4 with
-// vpmaddubsw + vpmaddwd (the two multiply pipes are the bottleneck).
-//
-// vpackssdw works per 128-bit lane: in lane i it takes int32 4i .. 4i+3 of P_a,
-// then of P_b. The block's int16 scales are spread to match with vpermw,
-// using these index tables.
-struct ScaleIndex {
-  alignas(64) int16_t lanes[2][32];  // [pair p (vectors 2p, 2p+1)][int16 lane]
-};
-
-// Index of the scale for int16 lane L of packs(P_2p, P_2p+1), when each
-// vector covers `per_vector` scales and each scale covers `lanes_per_scale`
-// consecutive int32 lanes of P.
-constexpr ScaleIndex make_scale_index(int per_vector, int lanes_per_scale) {
-  ScaleIndex t{};
-  for (int p = 0; p < 2; ++p) {
-    for (int L = 0; L < 32; ++L) {
-      const int vec = 2 * p + (L % 8 < 4 ? 0 : 1);  // which vector
-      const int lane = 4 * (L / 8) + L % 4;         // which int32 lane of it
-      t.lanes[p][L] = static_cast<int16_t>(per_vector * vec + lane / lanes_per_scale);
-    }
-  }
-  return t;
-}
-
-// Q4_K: vector k holds sub-blocks 2k (int32 lanes 0..7) and 2k+1 (8..15).
-constexpr ScaleIndex kQ4KScaleIndex = make_scale_index(2, 8);
-// Q6_K: vector k holds groups 4k .. 4k+3 (4 int32 lanes each).
-constexpr ScaleIndex kQ6KScaleIndex = make_scale_index(4, 4);
-
-// The AVX-512 kernels compute a tile of NW weight rows x NX activation rows.
-// For each block, the NW weight rows are unpacked once into registers; then
-// each activation row's block is loaded once and used for all NW weight rows.
-// The arithmetic for one (weight row, activation row) pair is the same
-// whatever NW and NX are (the same integer sums, the same float conversion,
-// the same FMA into that pair's own accumulator, the same final reduction),
-// so a pair's result is bit-identical in every tile shape; the single-row
-// entry points (DotRowsFn) are the NW = 1 case.
-
-// Q4_K, AVX-512, NW weight rows (w + c * w_stride) x NX activation rows;
-// out[r * out_stride + c].
-template <int NW, int NX>
-LEVER_AVX512 void q4_k_avx512_tile(const uint8_t* w, size_t w_stride, const uint8_t* x,
-                                   size_t x_stride, size_t n_blocks, float* out,
-                                   size_t out_stride) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i sc_index0 = _mm512_load_si512(kQ4KScaleIndex.lanes[0]);
-  const __m512i sc_index1 = _mm512_load_si512(kQ4KScaleIndex.lanes[1]);
-
-  __m512 facc[NW][NX];
-#pragma GCC unroll 8
-  for (int c = 0; c < NW; ++c) {
-#pragma GCC unroll 16
-    for (int r = 0; r < NX; ++r) facc[c][r] = _mm512_setzero_ps();
-  }
-
-  for (size_t b = 0; b < n_blocks; ++b) {
-    __m512i q[NW][4], sc01[NW], sc23[NW], mins[NW];
-    __m512 d_negmin[NW];
-#pragma GCC unroll 8
-    for (int c = 0; c < NW; ++c) {
-      const uint8_t* blk = w + c * w_stride + b * kQ4KBytes;
-      // [d x 8, -dmin x 8]: lanes 0..7 of the per-row result hold the scale
-      // part (times d), lanes 8..15 the min part (times -dmin).
-      const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32(blk))));
-      d_negmin[c] = _mm512_mask_blend_ps(
-          0xFF00, _mm512_broadcastss_ps(dm),
-          _mm512_broadcastss_ps(_mm_sub_ps(_mm_setzero_ps(), _mm_movehdup_ps(dm))));
-      // Scales, as int16 matching the packed products of vector pairs (0,1), (2,3).
-      const K4Scales s = unpack_q4k_scales(blk + 4);
-      const __m512i sc8 = _mm512_castsi128_si512(
-          _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(s.scales))));
-      sc01[c] = _mm512_permutexvar_epi16(sc_index0, sc8);
-      sc23[c] = _mm512_permutexvar_epi16(sc_index1, sc8);
-      // Mins as 16 int16 (lanes 2j and 2j+1 = m_j, to pair with bsums 2j, 2j+1),
-      // in both 256-bit halves.
-      const __m128i mn8 = _mm_cvtsi64_si128(static_cast<long long>(s.mins));
-      mins[c] = _mm512_broadcast_i64x4(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8)));
-      // The 256 4-bit values in element order, 64 per vector: chunk k (32 bytes)
-      // is copied to both halves; the low half keeps the low nibbles (values
-      // 64k .. 64k+31), the high half the high nibbles (64k+32 .. 64k+63).
-      for (int k = 0; k < 4; ++k) {
-        const __m512i bytes = _mm512_broadcast_i64x4(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * k)));
-        q[c][k] = _mm512_and_si512(_mm512_mask_srli_epi16(bytes, 0xFFFF0000u, bytes, 4), low4);
-      }
-    }
-
-#pragma GCC unroll 16
-    for (int r = 0; r < NX; ++r) {
-      const uint8_t* xb = x + r * x_stride + b * kActBytes;
-      const uint8_t* xq = xb + kActQs;
-      const __m512i x0 = _mm512_loadu_si512(xq);
-      const __m512i x1 = _mm512_loadu_si512(xq + 64);
-      const __m512i x2 = _mm512_loadu_si512(xq + 128);
-      const __m512i x3 = _mm512_loadu_si512(xq + 192);
-      const __m512i bsums = _mm512_broadcast_i64x4(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kActBsums)));
-      const __m512 xd = _mm512_set1_ps(load_f32(xb + kActD));
-#pragma GCC unroll 8
-      for (int c = 0; c < NW; ++c) {
-        const __m512i zero = _mm512_setzero_si512();
-        // Sums of 4 products q * x per int32 lane.
-        const __m512i p0 = _mm512_dpbusd_epi32(zero, q[c][0], x0);
-        const __m512i p1 = _mm512_dpbusd_epi32(zero, q[c][1], x1);
-        const __m512i p2 = _mm512_dpbusd_epi32(zero, q[c][2], x2);
-        const __m512i p3 = _mm512_dpbusd_epi32(zero, q[c][3], x3);
-        // Times the sub-block scales: 16 int32 partial sums of sc_j * dot_j.
-        __m512i dot = _mm512_madd_epi16(_mm512_packs_epi32(p0, p1), sc01[c]);
-        dot = _mm512_dpwssd_epi32(dot, _mm512_packs_epi32(p2, p3), sc23[c]);
-        // Min part: m_j * (bsums[2j] + bsums[2j+1]) in 8 int32 lanes (both halves).
-        const __m512i offs = _mm512_madd_epi16(bsums, mins[c]);
-        // [dot folded to 8 lanes, offs]: lanes 0..7 = dot + dot's upper half,
-        // lanes 8..15 = offs.
-        const __m512i both = _mm512_mask_add_epi32(
-            offs, 0x00FF, dot, _mm512_shuffle_i64x2(dot, dot, _MM_SHUFFLE(1, 0, 3, 2)));
-        // facc += xd * [d, -dmin] * both
-        const __m512 scale = _mm512_mul_ps(d_negmin[c], xd);
-        facc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), scale, facc[c][r]);
-      }
-    }
-  }
-
-#pragma GCC unroll 16
-  for (int r = 0; r < NX; ++r) {
-#pragma GCC unroll 8
-    for (int c = 0; c < NW; ++c) out[r * out_stride + c] = _mm512_reduce_add_ps(facc[c][r]);
-  }
-}
-
-// Q6_K, AVX-512, NW weight rows x NX activation rows (as q4_k_avx512_tile).
-template <int NW, int NX>
-LEVER_AVX512 void q6_k_avx512_tile(const uint8_t* w, size_t w_stride, const uint8_t* x,
-                                   size_t x_stride, size_t n_blocks, float* out,
-                                   size_t out_stride) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i bits45 = _mm512_set1_epi8(0x30);
-  const __m512i sc_index0 = _mm512_load_si512(kQ6KScaleIndex.lanes[0]);
-  const __m512i sc_index1 = _mm512_load_si512(kQ6KScaleIndex.lanes[1]);
-  // (a & 0x0F) | b as one vpternlogd (a = 0xF0, b = 0xCC, c = 0xAA).
-  constexpr int kLowNibbleOr = (0xF0 & 0xAA) | 0xCC;
-
-  __m512 facc[NW][NX];
-#pragma GCC unroll 8
-  for (int c = 0; c < NW; ++c) {
-#pragma GCC unroll 16
-    for (int r = 0; r < NX; ++r) facc[c][r] = _mm512_setzero_ps();
-  }
-
-  for (size_t b = 0; b < n_blocks; ++b) {
-    __m512i q[NW][4], sc01[NW], sc23[NW], neg32sc[NW];
-    __m512 vd[NW];
-#pragma GCC unroll 8
-    for (int c = 0; c < NW; ++c) {
-      const uint8_t* blk = w + c * w_stride + b * kQ6KBytes;
-      const uint8_t* ql = blk;
-      const uint8_t* qh = blk + 128;
-      vd[c] = _mm512_set1_ps(_cvtsh_ss(load_u16(blk + 208)));
-      // Scales: 16 int8 -> int16, spread to match the packed products.
-      const __m256i sc16 =
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
-      sc01[c] = _mm512_permutexvar_epi16(sc_index0, _mm512_castsi256_si512(sc16));
-      sc23[c] = _mm512_permutexvar_epi16(sc_index1, _mm512_castsi256_si512(sc16));
-      // -32 * sc[g] (int16 lanes 0..15, upper lanes 0), for the offset with the bsums.
-      neg32sc[c] = _mm512_zextsi256_si512(
-          _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
-      // The 6-bit values in element order, 64 per vector. For half h, qh
-      // (32 bytes) is copied to both 256-bit halves and the upper one shifted
-      // right by 2, so that bits 0..1 (and 4..5) of each byte are the high bits
-      // of values s = 0 (2) in the low half and s = 1 (3) in the high half.
-      for (int h = 0; h < 2; ++h) {
-        const __m512i lo = _mm512_loadu_si512(ql + 64 * h);
-        const __m512i hb = _mm512_broadcast_i64x4(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h)));
-        const __m512i hs = _mm512_mask_srli_epi16(hb, 0xFFFF0000u, hb, 2);
-        // values 128h .. 128h+63: low nibbles of ql, high bits 0..1 of hs
-        q[c][2 * h] = _mm512_ternarylogic_epi32(
-            lo, _mm512_and_si512(_mm512_slli_epi16(hs, 4), bits45), low4, kLowNibbleOr);
-        // values 128h+64 .. 128h+127: high nibbles of ql, high bits 4..5 of hs
-        q[c][2 * h + 1] = _mm512_ternarylogic_epi32(
-            _mm512_srli_epi16(lo, 4), _mm512_and_si512(hs, bits45), low4, kLowNibbleOr);
-      }
-    }
-
-#pragma GCC unroll 16
-    for (int r = 0; r < NX; ++r) {
-      const uint8_t* xb = x + r * x_stride + b * kActBytes;
-      const uint8_t* xq = xb + kActQs;
-      const __m512i x0 = _mm512_loadu_si512(xq);
-      const __m512i x1 = _mm512_loadu_si512(xq + 64);
-      const __m512i x2 = _mm512_loadu_si512(xq + 128);
-      const __m512i x3 = _mm512_loadu_si512(xq + 192);
-      const __m512i bsums = _mm512_zextsi256_si512(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kActBsums)));
-      const __m512 xd = _mm512_set1_ps(load_f32(xb + kActD));
-#pragma GCC unroll 8
-      for (int c = 0; c < NW; ++c) {
-        const __m512i zero = _mm512_setzero_si512();
-        // Sums of 4 products q * x per int32 lane (|sum| <= 4 * 63 * 127).
-        const __m512i p0 = _mm512_dpbusd_epi32(zero, q[c][0], x0);
-        const __m512i p1 = _mm512_dpbusd_epi32(zero, q[c][1], x1);
-        const __m512i p2 = _mm512_dpbusd_epi32(zero, q[c][2], x2);
-        const __m512i p3 = _mm512_dpbusd_epi32(zero, q[c][3], x3);
-        // Offset -32 * sum_g sc_g * bsums[g] (bsums in the low 256 bits), then
-        // the products times the group scales.
-        __m512i dot = _mm512_madd_epi16(bsums, neg32sc[c]);
-        dot = _mm512_dpwssd_epi32(dot, _mm512_packs_epi32(p0, p1), sc01[c]);
-        dot = _mm512_dpwssd_epi32(dot, _mm512_packs_epi32(p2, p3), sc23[c]);
-        // facc += (d * xd) * dot
-        const __m512 dx = _mm512_mul_ps(vd[c], xd);
-        facc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dx, facc[c][r]);
-      }
-    }
-  }
-
-#pragma GCC unroll 16
-  for (int r = 0; r < NX; ++r) {
-#pragma GCC unroll 8
-    for (int c = 0; c < NW; ++c) out[r * out_stride + c] = _mm512_reduce_add_ps(facc[c][r]);
-  }
-}
-
-// The single-row kernels (DotRowsFn): one weight row, N activation rows.
-template <int N>
-LEVER_AVX512 void q4_k_avx512_rows(const uint8_t* w, const uint8_t* x, size_t x_stride,
-                                   size_t n_blocks, float* out) {
-  q4_k_avx512_tile<1, N>(w, 0, x, x_stride, n_blocks, out, 1);
-}
-template <int N>
-LEVER_AVX512 void q6_k_avx512_rows(const uint8_t* w, const uint8_t* x, size_t x_stride,
-                                   size_t n_blocks, float* out) {
-  q6_k_avx512_tile<1, N>(w, 0, x, x_stride, n_blocks, out, 1);
-}
-
-// Sub-tile shapes (measured on Zen 5): one weight row unpacked once for up
-// to 16 activation rows. More weight rows per sub-tile need more registers
-// than there are (each unpacked Q4_K / Q6_K block takes 8) and were slower.
-struct Q4KTileAvx512 {
-  static constexpr int kTW = 1, kTX = 16;
-  template <int NW, int NX>
-  static void run(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t x_stride,
-                  size_t n_blocks, float* out, size_t out_stride) {
-    q4_k_avx512_tile<NW, NX>(w, w_stride, x, x_stride, n_blocks, out, out_stride);
-  }
-};
-struct Q6KTileAvx512 {
-  static constexpr int kTW = 1, kTX = 16;
-  template <int NW, int NX>
-  static void run(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t x_stride,
-                  size_t n_blocks, float* out, size_t out_stride) {
-    q6_k_avx512_tile<NW, NX>(w, w_stride, x, x_stride, n_blocks, out, out_stride);
-  }
-};
 #endif  // __x86_64__
 
 }  // namespace
@@ -655,14 +391,6 @@ void q6_k_avx2_group(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_
                      size_t n_blocks, float* out) {
   LEVER_DISPATCH_ROWS(q6_k_avx2_rows, w, x, x_stride, n_x, n_blocks, out)
 }
-void q4_k_avx512_group(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
-                       size_t n_blocks, float* out) {
-  LEVER_DISPATCH_ROWS(q4_k_avx512_rows, w, x, x_stride, n_x, n_blocks, out)
-}
-void q6_k_avx512_group(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
-                       size_t n_blocks, float* out) {
-  LEVER_DISPATCH_ROWS(q6_k_avx512_rows, w, x, x_stride, n_x, n_blocks, out)
-}
 }  // namespace
 
 void q4_k_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
@@ -675,31 +403,8 @@ void q6_k_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, siz
   tile_detail::in_row_groups(q6_k_avx2_group, w, x, x_stride, n_x, n_blocks, out);
 }
 
-void q4_k_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-                 float* out) {
-  tile_detail::in_row_groups(q4_k_avx512_group, w, x, x_stride, n_x, n_blocks, out);
-}
-
-void q6_k_avx512(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-                 float* out) {
-  tile_detail::in_row_groups(q6_k_avx512_group, w, x, x_stride, n_x, n_blocks, out);
-}
-
-void q4_k_avx512_tile(const uint8_t* w, size_t w_stride, int n_w, const uint8_t* x,
-                      size_t x_stride, int n_x, size_t n_blocks, float* out, size_t out_stride) {
-  tile_detail::run_tile<Q4KTileAvx512>(w, w_stride, n_w, x, x_stride, n_x, n_blocks, out,
-                                     out_stride);
-}
-
-void q6_k_avx512_tile(const uint8_t* w, size_t w_stride, int n_w, const uint8_t* x,
-                      size_t x_stride, int n_x, size_t n_blocks, float* out, size_t out_stride) {
-  tile_detail::run_tile<Q6KTileAvx512>(w, w_stride, n_w, x, x_stride, n_x, n_blocks, out,
-                                     out_stride);
-}
-
 #undef LEVER_DISPATCH_ROWS
 #undef LEVER_AVX2
-#undef LEVER_AVX512
 
 #endif  // __x86_64__
 

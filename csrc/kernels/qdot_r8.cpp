@@ -29,19 +29,11 @@
 
 #include "kernels/block_bytes.h"
 #include "kernels/dequant.h"
+#include "kernels/qdot_r8_x86.h"
 #include "kernels/repack.h"
-#include "kernels/x86_simd.h"
 
 namespace lever {
 namespace {
-
-constexpr size_t kActBytes = sizeof(ActQ8K);
-constexpr size_t kActD = offsetof(ActQ8K, d);
-constexpr size_t kActQs = offsetof(ActQ8K, qs);
-constexpr size_t kActBsums = offsetof(ActQ8K, bsums);
-constexpr size_t kQ4KGroupBlock = 8 * 144;
-constexpr size_t kQ6KGroupBlock = 8 * 210;
-constexpr int kTileRows = 4;  // activation rows per pass over a group's weights
 
 // -- any Isa: restore the original layout and run the row kernel ---------------
 
@@ -85,35 +77,14 @@ void fallback_kernel(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_
 // -- AVX2 ----------------------------------------------------------------------
 
 #if defined(__x86_64__)
-#define LEVER_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-LEVER_AVX2 inline __m256i load256(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-
-// The 4 bytes at p in every 32-bit lane.
-LEVER_AVX2 inline __m256i broadcast4(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
-// Lane-wise float update of one activation row and one block (Q4_K).
-LEVER_AVX2 inline __m256 q4k_block_update(__m256 acc, __m256 vd, __m256 vdmin, float xd,
-                                          __m256i dot, __m256i offs) {
-  const __m256 vxd = _mm256_set1_ps(xd);
-  const __m256 a = _mm256_mul_ps(_mm256_mul_ps(vd, vxd), _mm256_cvtepi32_ps(dot));
-  const __m256 m = _mm256_mul_ps(_mm256_mul_ps(vdmin, vxd), _mm256_cvtepi32_ps(offs));
-  return _mm256_add_ps(acc, _mm256_sub_ps(a, m));
-}
+#define LEVER_AVX2 LEVER_R8_AVX2
+using namespace r8;
 
 // Q4_K_R8, NX activation rows.
 template <int NX>
 LEVER_AVX2 void q4_k_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_stride,
                                   size_t n_blocks, float* out, size_t out_stride) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i low6 = _mm256_set1_epi8(0x3F);
-  const __m256i bits45 = _mm256_set1_epi8(0x30);
   // pshufb patterns: pick[j] puts byte j of each 32-bit lane into both int16
   // halves of that lane (zero-extended).
   __m256i pick[4];
@@ -127,22 +98,15 @@ LEVER_AVX2 void q4_k_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_s
 
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* g = w + b * kQ4KGroupBlock;
-    const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
-    const __m256 vdmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16)));
-    // The 6-bit scales and mins of the 8 rows (as unpack_q4k_scales, lane-wise).
-    const __m256i a = load256(g + 32), bw = load256(g + 64), c = load256(g + 96);
-    const __m256i sc_lo = _mm256_and_si256(a, low6);
-    const __m256i mn_lo = _mm256_and_si256(bw, low6);
-    const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(c, low4),
-                                          _mm256_and_si256(_mm256_srli_epi32(a, 2), bits45));
-    const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), low4),
-                                          _mm256_and_si256(_mm256_srli_epi32(bw, 2), bits45));
+    const __m256 vd = halves8(g);
+    const __m256 vdmin = halves8(g + 16);
+    const Q4KScalesR8 s6 = q4k_scales_r8(g);
     __m256i sc[8], mn[8];  // int16 pairs per row lane: scale / min of sub-block j
     for (int j = 0; j < 4; ++j) {
-      sc[j] = _mm256_shuffle_epi8(sc_lo, pick[j]);
-      sc[j + 4] = _mm256_shuffle_epi8(sc_hi, pick[j]);
-      mn[j] = _mm256_shuffle_epi8(mn_lo, pick[j]);
-      mn[j + 4] = _mm256_shuffle_epi8(mn_hi, pick[j]);
+      sc[j] = _mm256_shuffle_epi8(s6.sc_lo, pick[j]);
+      sc[j + 4] = _mm256_shuffle_epi8(s6.sc_hi, pick[j]);
+      mn[j] = _mm256_shuffle_epi8(s6.mn_lo, pick[j]);
+      mn[j + 4] = _mm256_shuffle_epi8(s6.mn_hi, pick[j]);
     }
     const uint8_t* xb[NX];
     for (int r = 0; r < NX; ++r) xb[r] = x + r * x_stride + b * kActBytes;
@@ -175,7 +139,7 @@ LEVER_AVX2 void q4_k_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_s
       for (int j = 0; j < 8; ++j) {
         offs = _mm256_add_epi32(offs, _mm256_madd_epi16(mn[j], broadcast4(bs + 4 * j)));
       }
-      acc[r] = q4k_block_update(acc[r], vd, vdmin, block_bytes::load_f32(xb[r] + kActD), dot[r],
+      acc[r] = q4k_update(acc[r], vd, vdmin, block_bytes::load_f32(xb[r] + kActD), dot[r],
                                 offs);
     }
   }
@@ -186,14 +150,12 @@ LEVER_AVX2 void q4_k_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_s
 template <int NX>
 LEVER_AVX2 void q6_k_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_stride,
                                   size_t n_blocks, float* out, size_t out_stride) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i bits45 = _mm256_set1_epi8(0x30);
   __m256 acc[NX];
   for (int r = 0; r < NX; ++r) acc[r] = _mm256_setzero_ps();
 
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* g = w + b * kQ6KGroupBlock;
-    const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 1664)));
+    const __m256 vd = halves8(g + 1664);
     // pair[p]: int16 (sc[2p], sc[2p+1]) per row lane; sc[g]: (sc_g, sc_g).
     __m256i pair[8], sc[16];
     for (int p = 0; p < 8; ++p) {
@@ -217,18 +179,8 @@ LEVER_AVX2 void q6_k_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_s
           __m256i q[2];
           for (int k = 0; k < 2; ++k) {
             const int l4 = l8 + k;
-            const __m256i ql = load256(g + 32 * (16 * h + 8 * (s % 2) + l4));
-            const __m256i qh = load256(g + 1024 + 32 * (8 * h + l4));
-            const __m256i lo = s < 2 ? _mm256_and_si256(ql, low4)
-                                     : _mm256_and_si256(_mm256_srli_epi16(ql, 4), low4);
-            __m256i hi;
-            switch (s) {
-              case 0: hi = _mm256_slli_epi16(qh, 4); break;
-              case 1: hi = _mm256_slli_epi16(qh, 2); break;
-              case 2: hi = qh; break;
-              default: hi = _mm256_srli_epi16(qh, 2); break;
-            }
-            q[k] = _mm256_or_si256(lo, _mm256_and_si256(hi, bits45));
+            q[k] = q6k_values(load256(g + 32 * (16 * h + 8 * (s % 2) + l4)),
+                              load256(g + 1024 + 32 * (8 * h + l4)), s);
           }
           const __m256i scale = sc[8 * h + 2 * s + (l8 >= 4 ? 1 : 0)];
 #pragma GCC unroll 4
@@ -247,9 +199,8 @@ LEVER_AVX2 void q6_k_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_s
       for (int p = 0; p < 8; ++p) {
         offs = _mm256_add_epi32(offs, _mm256_madd_epi16(pair[p], broadcast4(bs + 4 * p)));
       }
-      const __m256i total = _mm256_sub_epi32(dot[r], _mm256_slli_epi32(offs, 5));
-      const __m256 dx = _mm256_mul_ps(vd, _mm256_set1_ps(block_bytes::load_f32(xb[r] + kActD)));
-      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, _mm256_cvtepi32_ps(total)));
+      acc[r] = scaled_update(acc[r], vd, block_bytes::load_f32(xb[r] + kActD),
+                             _mm256_sub_epi32(dot[r], _mm256_slli_epi32(offs, 5)));
     }
   }
   for (int r = 0; r < NX; ++r) _mm256_storeu_ps(out + r * out_stride, acc[r]);
@@ -264,11 +215,6 @@ LEVER_AVX2 void q6_k_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_s
 //         |sum| <= 8 * 31 * 127 = 31496).
 //   Q4_1: unsigned q4; acc += d_x * (d_w * isum + m * x.sum).
 //   Others: acc += (d_w * d_x) * isum, the scalar kernel's steps.
-constexpr size_t kAct32Bytes = sizeof(ActQ8_32);
-constexpr size_t kAct32D = offsetof(ActQ8_32, d);
-constexpr size_t kAct32Sum = offsetof(ActQ8_32, sum);
-constexpr size_t kAct32Qs = offsetof(ActQ8_32, qs);
-
 template <int NX>
 LEVER_AVX2 void q8_0_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_stride,
                                   size_t n_blocks, float* out, size_t out_stride) {
@@ -276,8 +222,8 @@ LEVER_AVX2 void q8_0_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_s
   __m256 acc[NX];
   for (int r = 0; r < NX; ++r) acc[r] = _mm256_setzero_ps();
   for (size_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* g = w + b * (8 * 34);
-    const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+    const uint8_t* g = w + b * kQ8_0GroupBlock;
+    const __m256 vd = halves8(g);
     const uint8_t* xb[NX];
     for (int r = 0; r < NX; ++r) xb[r] = x + r * x_stride + b * kAct32Bytes;
     __m256i isum[NX];
@@ -293,62 +239,23 @@ LEVER_AVX2 void q8_0_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_s
       }
     }
     for (int r = 0; r < NX; ++r) {
-      const __m256 dx = _mm256_set1_ps(block_bytes::load_f32(xb[r] + kAct32D));
-      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_mul_ps(vd, dx), _mm256_cvtepi32_ps(isum[r])));
+      acc[r] = scaled_update(acc[r], vd, block_bytes::load_f32(xb[r] + kAct32D), isum[r]);
     }
   }
   for (int r = 0; r < NX; ++r) _mm256_storeu_ps(out + r * out_stride, acc[r]);
 }
 
-// The 4-bit block types: group-block bytes, where the qs words start, the
-// offset subtracted from q (times x.sum), a 5th bit (Q5_0), an fp16 min (Q4_1).
-struct Q4_0R8 { static constexpr size_t kGroupBlock = 144, kQs = 16; static constexpr int kOffset = 8; static constexpr bool kHighBit = false, kMin = false; };
-struct Q5_0R8 { static constexpr size_t kGroupBlock = 176, kQs = 48; static constexpr int kOffset = 16; static constexpr bool kHighBit = true, kMin = false; };
-struct Q4_1R8 { static constexpr size_t kGroupBlock = 160, kQs = 32; static constexpr int kOffset = 0; static constexpr bool kHighBit = false, kMin = true; };
-
 template <class T, int NX>
 LEVER_AVX2 void nibbles_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t x_stride,
                                      size_t n_blocks, float* out, size_t out_stride) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i bit4 = _mm256_set1_epi8(0x10);
   const __m256i ones = _mm256_set1_epi16(1);
-  // Q5_0: sel[k] puts byte k of each row's qh into all 4 bytes of its lane;
-  // mask[p] tests bit 4p + i in byte i.
-  __m256i sel[4], mask[2];
-  for (int k = 0; k < 4; ++k) {
-    alignas(32) int8_t idx[32];
-    for (int i = 0; i < 32; ++i) idx[i] = static_cast<int8_t>((i % 16) / 4 * 4 + k);
-    sel[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
-  }
-  for (int p = 0; p < 2; ++p) {
-    const int32_t m = (1 << (4 * p)) | (2 << (4 * p)) << 8 | (4 << (4 * p)) << 16 |
-                      static_cast<int32_t>(static_cast<uint32_t>(8 << (4 * p)) << 24);
-    mask[p] = _mm256_set1_epi32(m);
-  }
   __m256 acc[NX];
   for (int r = 0; r < NX; ++r) acc[r] = _mm256_setzero_ps();
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* g = w + b * T::kGroupBlock;
-    const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
-    // q[2t]: elements 4t .. 4t+3 (low nibbles of qs word t); q[2t+1]: 16+4t .. (high).
+    const __m256 vd = halves8(g);
     __m256i q[8];
-    for (int t = 0; t < 4; ++t) {
-      const __m256i qs = load256(g + T::kQs + 32 * t);
-      q[2 * t] = _mm256_and_si256(qs, low4);
-      q[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(qs, 4), low4);
-    }
-    if constexpr (T::kHighBit) {
-      // Element j's 5th bit is bit j of qh: elements 4t+i in byte t/2, 16+4t+i in 2 + t/2.
-      const __m256i qh = load256(g + 16);
-      for (int t = 0; t < 4; ++t) {
-        for (int half = 0; half < 2; ++half) {
-          const __m256i m = mask[t % 2];
-          const __m256i hb = _mm256_cmpeq_epi8(
-              _mm256_and_si256(_mm256_shuffle_epi8(qh, sel[2 * half + t / 2]), m), m);
-          q[2 * t + half] = _mm256_or_si256(q[2 * t + half], _mm256_and_si256(hb, bit4));
-        }
-      }
-    }
+    nibble_values<T>(g, q);
 #pragma GCC unroll 4
     for (int r = 0; r < NX; ++r) {
       const uint8_t* xb = x + r * x_stride + b * kAct32Bytes;
@@ -365,43 +272,18 @@ LEVER_AVX2 void nibbles_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t 
       __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
       int32_t xsum;
       std::memcpy(&xsum, xb + kAct32Sum, 4);
-      const __m256 dx = _mm256_set1_ps(block_bytes::load_f32(xb + kAct32D));
+      const float dx = block_bytes::load_f32(xb + kAct32D);
       if constexpr (T::kMin) {
-        const __m256 vm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16)));
-        const __m256 t = _mm256_add_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(isum)),
-                                       _mm256_mul_ps(vm, _mm256_set1_ps(static_cast<float>(xsum))));
-        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dx, t));
+        acc[r] = min_update(acc[r], vd, halves8(g + 16), dx, isum, xsum);
       } else {
-        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * xsum));
-        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_mul_ps(vd, dx), _mm256_cvtepi32_ps(isum)));
+        acc[r] = scaled_update(acc[r], vd, dx, _mm256_sub_epi32(isum, _mm256_set1_epi32(T::kOffset * xsum)));
       }
     }
   }
   for (int r = 0; r < NX; ++r) _mm256_storeu_ps(out + r * out_stride, acc[r]);
 }
 
-// Any n_x: tiles of kTileRows activation rows, then the remainder; Tn is
-// the tile kernel for n activation rows.
-using TileFn = void (*)(const uint8_t*, const uint8_t*, size_t, size_t, float*, size_t);
-
-template <TileFn T1, TileFn T2, TileFn T3, TileFn T4>
-LEVER_AVX2 void run_group(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
-                          size_t n_blocks, float* out, size_t out_stride) {
-  static_assert(kTileRows == 4, "T4 is the full tile");
-  int r0 = 0;
-  for (; r0 + kTileRows <= n_x; r0 += kTileRows) {
-    T4(w, x + r0 * x_stride, x_stride, n_blocks, out + r0 * out_stride, out_stride);
-  }
-  const uint8_t* xr = x + r0 * x_stride;
-  float* o = out + r0 * out_stride;
-  switch (n_x - r0) {
-    case 1: T1(w, xr, x_stride, n_blocks, o, out_stride); break;
-    case 2: T2(w, xr, x_stride, n_blocks, o, out_stride); break;
-    case 3: T3(w, xr, x_stride, n_blocks, o, out_stride); break;
-    default: break;
-  }
-}
-
+// Any n_x, 4 activation rows per pass over a group's weights.
 void q4_k_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                   float* out, size_t out_stride) {
   run_group<q4_k_r8_avx2_tile<1>, q4_k_r8_avx2_tile<2>, q4_k_r8_avx2_tile<3>, q4_k_r8_avx2_tile<4>>(
@@ -459,7 +341,8 @@ DotGroupFn dot_group_kernel(int type, Isa isa) {
   if (isa == Isa::kAuto) isa = best_isa();
   if (!isa_available(isa)) return nullptr;
 #if defined(__x86_64__)
-  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) return avx2_group_kernel(type);
+  if (isa == Isa::kAvx2) return avx2_group_kernel(type);
+  if (isa == Isa::kAvx512) return r8::avx512_group_kernel(type);
 #endif
   switch (isa) {
     case Isa::kScalar: return fallback_for<Isa::kScalar>(type);

@@ -24,7 +24,7 @@ using DotGroupFn = void (*)(const uint8_t* w, const uint8_t* x, size_t x_stride,
                             size_t n_blocks, float* out, size_t out_stride);
 
 // The group kernel for repacked `type` and `isa` (kAuto = best_isa()): the
-// AVX2 one on x86-64 CPUs with AVX2 for isa kAvx2 or kAvx512, otherwise one
+// AVX2 one for kAvx2, the AVX-512 VNNI one for kAvx512, otherwise one
 // that restores each group-block to the original layout and runs the isa's
 // row kernel (the same results, slower). nullptr for a type that is not
 // repacked or an Isa that is not available.

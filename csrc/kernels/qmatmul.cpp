@@ -6,11 +6,8 @@
 //    tile kernel and M >= kTileMinRows, it is called for tiles of up to
 //    kMaxTileW weight rows x kMaxTileX activation rows; otherwise, for each
 //    tile of up to kMaxDotRows activation rows, the dot kernel is called once
-//    per weight row. Where the type and Isa have prepared-row kernels
-//    (PreparedKernels in qdot.h: the 32-value block types on AVX-512), the
-//    quantised rows are first converted to their layout (once per
-//    quant_matmul call; once per QuantizedRows for quant_matmul_rows).
-//    Either way a (weight row, activation row) result is bit-identical
+//    per weight row. Repacked weights (repack.h) take the group kernels
+//    (qdot_r8.h), 8 weight rows at a time. Either way a (weight row, activation row) result is bit-identical
 //    whatever M, N and the tiling are (see qdot.h).
 
 #include "kernels/qmatmul.h"
@@ -93,12 +90,6 @@ uint8_t* aligned_64(std::vector<uint8_t>& buf, size_t n) {
 // Quantised activation rows: a 64-byte aligned buffer of at least n bytes,
 // reused between calls of one thread.
 uint8_t* act_scratch(size_t n) {
-  thread_local std::vector<uint8_t> buf;
-  return aligned_64(buf, n);
-}
-
-// Prepared activation rows (see PreparedKernels), likewise.
-uint8_t* prepared_scratch(size_t n) {
   thread_local std::vector<uint8_t> buf;
   return aligned_64(buf, n);
 }
@@ -202,14 +193,6 @@ void quantize_rows_into(const void* x, ElemType x_type, size_t M, size_t K, size
   });
 }
 
-// Step 1b, for prepared-row kernels: M quantised rows (a_row_bytes each) in
-// prep's layout, into out (prep.row_bytes(n_blocks) each).
-void prepare_rows(const PreparedKernels& prep, const uint8_t* xq, size_t a_row_bytes, size_t M,
-                  size_t n_blocks, uint8_t* out) {
-  const size_t p_row_bytes = prep.row_bytes(n_blocks);
-  for (size_t m = 0; m < M; ++m) prep.prepare(xq + m * a_row_bytes, n_blocks, out + m * p_row_bytes);
-}
-
 // One result into y (fp32, or bf16 rounded to nearest-even).
 inline void store_result(void* y, ElemType y_type, size_t at, float v) {
   if (y_type == ElemType::kF32) {
@@ -264,11 +247,9 @@ void dot_repacked_rows(const uint8_t* xq, size_t a_row_bytes, size_t M, size_t K
 // Step 2: dot products of M quantised rows against N weight rows. Weight rows
 // are taken in groups of about 128 KiB so a group stays in cache while every
 // activation tile passes over it.
-// With prep, xq holds the rows in prep's layout (a_row_bytes each) and prep's
-// kernels replace dot and the tile kernel.
 void dot_quantized_rows(const uint8_t* xq, size_t a_row_bytes, size_t M, size_t K,
                         const uint8_t* w, int type, size_t N, void* y, ElemType y_type,
-                        size_t y_stride, Isa isa, DotRowsFn dot, const PreparedKernels* prep) {
+                        size_t y_stride, Isa isa, DotRowsFn dot) {
   const size_t n_blocks = K / block_size(type);
   const size_t w_row_bytes = n_blocks * type_size(type);
   const size_t group = std::max<size_t>(1, (128u << 10) / w_row_bytes);
@@ -280,8 +261,7 @@ void dot_quantized_rows(const uint8_t* xq, size_t a_row_bytes, size_t M, size_t 
   // fewer, streaming the weights row by row measured faster, in particular
   // from DRAM at M = 1); the results are the same either way.
   DotTileFn tile = nullptr;
-  if (M >= kTileMinRows) tile = prep != nullptr ? prep->tile : dot_tile_kernel(type, isa);
-  if (prep != nullptr) dot = prep->rows;
+  if (M >= kTileMinRows) tile = dot_tile_kernel(type, isa);
   auto store = [&](size_t m, size_t n, float v) { store_result(y, y_type, m * y_stride + n, v); };
   parallel_for(N, grain, [&](size_t begin, size_t end) {
     float out[kMaxTileX * kMaxTileW];
@@ -324,17 +304,6 @@ QuantizedRows::QuantizedRows(const void* x, ElemType x_type, size_t M, size_t K,
   quantize_rows_into(x, x_type, M, K, x_stride, type, data_, row_bytes_);
 }
 
-const uint8_t* QuantizedRows::prepared(const PreparedKernels& prep) const {
-  if (prepared_by_ != prep.prepare) {
-    const size_t n_blocks = K_ / block_size(type_);
-    uint8_t* out = aligned_64(prepared_buf_, M_ * prep.row_bytes(n_blocks));
-    prepare_rows(prep, data_, row_bytes_, M_, n_blocks, out);
-    prepared_ = out;
-    prepared_by_ = prep.prepare;
-  }
-  return prepared_;
-}
-
 void quant_matmul_rows(const QuantizedRows& xq, const uint8_t* w, int type, size_t N, void* y,
                        ElemType y_type, size_t y_stride, Isa isa) {
   const DotRowsFn dot = checked_dot(type, xq.cols(), &isa);
@@ -349,14 +318,8 @@ void quant_matmul_rows(const QuantizedRows& xq, const uint8_t* w, int type, size
                       y_stride, isa);
     return;
   }
-  if (const PreparedKernels* prep = prepared_kernels(type, isa)) {
-    const size_t p_row_bytes = prep->row_bytes(xq.cols() / block_size(type));
-    dot_quantized_rows(xq.prepared(*prep), p_row_bytes, xq.rows(), xq.cols(), w, type, N, y,
-                       y_type, y_stride, isa, dot, prep);
-    return;
-  }
   dot_quantized_rows(xq.data(), xq.row_bytes(), xq.rows(), xq.cols(), w, type, N, y, y_type,
-                     y_stride, isa, dot, nullptr);
+                     y_stride, isa, dot);
 }
 
 void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride,
@@ -372,15 +335,7 @@ void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_s
     dot_repacked_rows(xq, a_row_bytes, M, K, w, type, N, y, y_type, y_stride, isa);
     return;
   }
-  if (const PreparedKernels* prep = prepared_kernels(type, isa)) {
-    const size_t n_blocks = K / block_size(type);
-    const size_t p_row_bytes = prep->row_bytes(n_blocks);
-    uint8_t* const xp = prepared_scratch(M * p_row_bytes);  // likewise
-    prepare_rows(*prep, xq, a_row_bytes, M, n_blocks, xp);
-    dot_quantized_rows(xp, p_row_bytes, M, K, w, type, N, y, y_type, y_stride, isa, dot, prep);
-    return;
-  }
-  dot_quantized_rows(xq, a_row_bytes, M, K, w, type, N, y, y_type, y_stride, isa, dot, nullptr);
+  dot_quantized_rows(xq, a_row_bytes, M, K, w, type, N, y, y_type, y_stride, isa, dot);
 }
 
 }  // namespace lever

@@ -40,8 +40,7 @@ void quant_matmul(const void* x, ElemType x_type, size_t M, size_t K, size_t x_s
 // Activation rows quantised once for weights of one `type` (ActQ8K or
 // ActQ8_32 blocks, row_bytes bytes per row, 64-byte aligned), so that several
 // matrices of that type (e.g. the parts or chunks of an output head) can be
-// multiplied without quantising the rows again -- nor converting them again
-// for prepared-row kernels (PreparedKernels, qdot.h).
+// multiplied without quantising the rows again.
 class QuantizedRows {
  public:
   QuantizedRows(const void* x, ElemType x_type, size_t M, size_t K, size_t x_stride, int type);
@@ -50,19 +49,12 @@ class QuantizedRows {
   size_t cols() const { return K_; }
   size_t row_bytes() const { return row_bytes_; }
   int type() const { return type_; }
-  // The rows in the layout of `prep` (prep.row_bytes(blocks) bytes per row,
-  // 64-byte aligned): converted on the first call for that layout, then kept.
-  const uint8_t* prepared(const PreparedKernels& prep) const;
 
  private:
   size_t M_, K_, row_bytes_;
   int type_;
   std::vector<uint8_t> buf_;
   uint8_t* data_;
-  mutable std::vector<uint8_t> prepared_buf_;
-  mutable const uint8_t* prepared_ = nullptr;
-  // The prepare function that made prepared_ (nullptr: none yet).
-  mutable void (*prepared_by_)(const uint8_t*, size_t, uint8_t*) = nullptr;
 };
 
 // y = x W^T for rows quantised beforehand (xq.type() must be a type whose

@@ -172,7 +172,7 @@ void unpack_rows(int type, const uint8_t* w, size_t N, size_t K, size_t first, s
 bool should_repack() {
   const char* env = std::getenv("LEVER_REPACK");  // "0": keep the original layout (A/B runs)
   if (env != nullptr && std::string(env) == "0") return false;
-  return default_isa() == Isa::kAvx2;
+  return default_isa() == Isa::kAvx2 || default_isa() == Isa::kAvx512;
 }
 
 }  // namespace lever

@@ -34,8 +34,9 @@
 //     Q4_1_R8 (160 = 8 x 20):  [16, 32) fp16 m of rows 0..7;
 //                              [32, 160) qs: word t (t < 4) of row r at 32 + 32 t + 4 r
 // Repacked type ids are Lever's own (kRepackedTypeOffset + the ggml id); they
-// never appear in a GGUF file or a store: weights are repacked as a resident
-// model loads, and a row can always be restored (unpack_rows).
+// never appear in a GGUF file: weights are repacked as a resident model
+// loads (or by `lever convert` into a store), and a row can always be
+// restored (unpack_rows).
 #pragma once
 
 #include <cstddef>
@@ -80,13 +81,12 @@ void unpack_group_block(int type, const uint8_t* in, uint8_t* out);
 void pack_group_block(int type, const uint8_t* in, uint8_t* out);
 
 // True if resident weights should be repacked in this process: the default
-// instruction set (qmatmul.h) is AVX2, which has repacked kernels that are
-// bit-equal to the kernels for weights in their original layout (both equal
-// the scalar ones). Not on AVX-512 (its original-layout kernels are not
-// bit-equal to the scalar ones, so a repacked resident draft would disagree
-// with a streamed target), nor on NEON or scalar (no repacked kernels: the
-// fallback unpacks every group and would only cost time). The environment
-// variable LEVER_REPACK=0 turns repacking off (for A/B measurements).
+// instruction set (qmatmul.h) is AVX2 or AVX-512, which have repacked kernels
+// that are bit-equal to the kernels for weights in their original layout
+// (both equal the scalar ones). Not on NEON or scalar (no repacked kernels:
+// the fallback unpacks every group and would only cost time). The
+// environment variable LEVER_REPACK=0 turns repacking off (for A/B
+// measurements).
 bool should_repack();
 
 }  // namespace lever

@@ -27,7 +27,8 @@ from .dtypes import dtype_name
 from .errors import UnsupportedModelError
 
 __all__ = ["dequantize", "is_supported", "block_size", "type_size", "type_name",
-           "supported_types", "quantize_q4_0", "Q4_0"]
+           "supported_types", "quantize_q4_0", "Q4_0", "REPACKABLE_TYPES", "repack_at_load_types",
+           "base_type", "is_repacked", "repackable", "in_ggml_layout"]
 
 _SUPPORTED = frozenset(_native.supported_types())
 
@@ -116,10 +117,50 @@ def dequantize(raw: np.ndarray, qtype: int, shape: Sequence[int], dtype: str = "
     return out.reshape(shape)
 
 
+# Repacked weights (csrc/kernels/repack.h): groups of 8 interleaved rows, the
+# same bytes permuted, under Lever's own type id (1000 + the ggml id).  The one
+# list of the ggml types Lever repacks, for both users:
+# - REPACKABLE_TYPES: every type with a repacked form; `lever convert` writes
+#   matrices of these types repacked into a store (lever.store.convert);
+# - repack_at_load_types(): the types a resident model repacks as it loads
+#   (lever.model.native_loader).
+Q6_K = 14                     # ggml type id
+REPACKABLE_TYPES = frozenset({2, 3, 6, 8, 12, Q6_K})     # Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K
+
+
+def repack_at_load_types() -> frozenset:
+    """The ggml types a resident model repacks as it loads with this process's
+    kernel isa: every repackable type on AVX-512 (its VNNI Q6_K kernel is level
+    with the GGUF-layout one at one row and ahead from 8 rows, lever-kbench);
+    all but Q6_K elsewhere (AVX2's repacked Q6_K kernel is slower below 32
+    rows, and one-row decoding reads the Q6_K output head every token)."""
+    if _native.kernel_isa() == "avx512":
+        return REPACKABLE_TYPES
+    return REPACKABLE_TYPES - {Q6_K}
+
+
+def base_type(qtype: int) -> int:
+    """The ggml type id a repacked type id was made from; `qtype` itself otherwise."""
+    return _native.base_type(int(qtype))
+
+
+def is_repacked(qtype: int) -> bool:
+    """True for a repacked type id (kernels/repack.h)."""
+    return base_type(qtype) != int(qtype)
+
+
+def repackable(qtype: int, shape: Sequence[int], types=REPACKABLE_TYPES) -> bool:
+    """True if a tensor of ggml `qtype` and `shape` (outermost first) is a
+    matrix Lever repacks: 2-D, its type in `types`, its rows a multiple of 8
+    and its columns whole blocks (`_native.can_repack`)."""
+    return (len(shape) == 2 and int(qtype) in types
+            and _native.can_repack(int(qtype), int(shape[0]), int(shape[1])))
+
+
 def in_ggml_layout(data: np.ndarray, qtype: int, shape: Sequence[int]) -> tuple[np.ndarray, int]:
     """(bytes, ggml type) of a matrix as a GGUF stores it: `data` itself, or,
-    for weights repacked as a resident model loaded (csrc/kernels/repack.h),
-    its rows restored to their original blocks."""
+    for repacked weights (a resident model's, or a repacked store's;
+    csrc/kernels/repack.h), its rows restored to their original blocks."""
     base = _native.base_type(int(qtype))
     if base == int(qtype):
         return data, base

@@ -1,15 +1,12 @@
 // The SIMD dot kernels of the 32-value block types (Q8_0, Q5_0, Q4_0, Q4_1;
 // csrc/kernels/qdot_blocks32.cpp, qdot_blocks32_neon.cpp) against the scalar
-// kernels, bit for bit, for every Isa among avx2 / neon / dotprod / i8mm that
-// this CPU has (AVX-512 orders its float sums otherwise: it is checked
-// against its own row kernels below):
+// kernels, bit for bit, for every Isa among avx2 / avx512 / neon / dotprod /
+// i8mm that this CPU has:
 //  - blocks32_simd_rows_match_scalar: dot_rows_kernel for n_x = 1..8 (and 11).
 //  - blocks32_simd_tiles_match_scalar: dot_tile_kernel for every n_w 1..4 x
 //    n_x 1..16; the cells outside the tile must stay untouched.
 //  - blocks32_simd_quant_matmul_matches_scalar: quant_matmul, M in {1, 4, 16,
 //    64, 256} (64 and 256 go through the tile kernels).
-//  - blocks32_prepared_match_row_kernels: the prepared-row kernels (x86-64
-//    AVX-512) against the row kernels of the same Isa.
 //  - blocks32_repacked_match_scalar_every_isa: the repacked kernels
 //    (kernels/repack.h, qdot_r8.h) on every available Isa, every M in 1..64,
 //    and quant_matmul on repacked weights, against the scalar kernel on the
@@ -50,11 +47,10 @@ const BlockType kBlockTypes[] = {{kTypeQ8_0, "q8_0", 34, false},
 
 const size_t kBlockCounts[] = {1, 2, 3, 28};
 
-// The SIMD Isas this CPU runs whose kernels take the scalar float steps
-// (AVX2 on x86-64; neon, dotprod, i8mm on aarch64; not AVX-512).
+// The SIMD Isas this CPU runs (all take the scalar float steps).
 std::vector<Isa> exact_isas_here() {
   std::vector<Isa> isas;
-  for (Isa isa : {Isa::kAvx2, Isa::kNeon, Isa::kDotprod, Isa::kI8mm}) {
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kNeon, Isa::kDotprod, Isa::kI8mm}) {
     if (isa_available(isa)) isas.push_back(isa);
   }
   return isas;
@@ -266,75 +262,6 @@ TEST(blocks32_simd_quant_matmul_matches_scalar) {
     }
   }
   NOTE(compared << " quant_matmul results compared bitwise");
-}
-
-// The prepared-row kernels (PreparedKernels, qdot.h; on x86-64 the AVX-512
-// Q8_0 / Q5_0 / Q4_0 kernels) against the row kernels of the same type and
-// Isa, bit for bit: rows for n_x = 1..8 and 11, tiles for every n_w 1..4 x
-// n_x 1..16 (cells outside the tile untouched), each from activation rows
-// converted by prepare() into 64-byte aligned prepared rows.
-TEST(blocks32_prepared_match_row_kernels) {
-  lever_test::Rng rng(0x9E9A);
-  long compared = 0;
-  std::string ran;
-  for (const BlockType& t : kBlockTypes) {
-    for (Isa isa : kAllIsas) {
-      if (!isa_available(isa)) continue;
-      const PreparedKernels* prep = prepared_kernels(t.type, isa);
-      if (prep == nullptr) continue;
-      ran += std::string(" ") + t.name + "/" + isa_name(isa);
-      const DotRowsFn rows = dot_rows_kernel(t.type, isa);
-      REQUIRE(rows != nullptr && prep->rows != nullptr && prep->tile != nullptr);
-      for (size_t n_blocks : kBlockCounts) {
-        const size_t w_row = n_blocks * t.block_bytes;
-        const size_t x_stride = act_row_bytes(t.type, 32 * n_blocks);
-        const std::vector<uint8_t> w = random_weights(rng, t, 7, n_blocks, 5);
-        const std::vector<uint8_t> x = random_activations(rng, t.type, kMaxTileX, n_blocks, x_stride);
-        const size_t p_stride = prep->row_bytes(n_blocks);
-        REQUIRE(p_stride % 64 == 0);
-        std::vector<uint8_t> p_buf(kMaxTileX * p_stride + 64);
-        uint8_t* const xp = p_buf.data() + (64 - reinterpret_cast<uintptr_t>(p_buf.data()) % 64) % 64;
-        for (int r = 0; r < kMaxTileX; ++r) {
-          prep->prepare(x.data() + r * x_stride, n_blocks, xp + r * p_stride);
-        }
-        for (size_t w_row_index : {0, 2}) {
-          const uint8_t* w0 = w.data() + 5 + w_row_index * w_row;
-          float want[kMaxTileX][kMaxTileW];
-          for (int c = 0; c < kMaxTileW; ++c) {
-            for (int r0 = 0; r0 < kMaxTileX; r0 += kMaxDotRows) {
-              float col[kMaxDotRows];
-              rows(w0 + c * w_row, x.data() + r0 * x_stride, x_stride, kMaxDotRows, n_blocks, col);
-              for (int r = 0; r < kMaxDotRows; ++r) want[r0 + r][c] = col[r];
-            }
-          }
-          for (int n_x : {1, 2, 3, 4, 5, 6, 7, 8, 11}) {
-            float got[16];
-            prep->rows(w0, xp, p_stride, n_x, n_blocks, got);
-            ++compared;
-            bool same = true;
-            for (int r = 0; r < n_x; ++r) same = same && lever_test::same_bits(got[r], want[r][0]);
-            CHECK_MSG(same, t.name << " " << isa_name(isa) << " prepared rows n_blocks="
-                                   << n_blocks << " n_x=" << n_x);
-          }
-          for (int n_w = 1; n_w <= kMaxTileW; ++n_w) {
-            for (int n_x = 1; n_x <= kMaxTileX; ++n_x) {
-              float out[kMaxTileX * kOutStride];
-              for (float& v : out) v = kSentinel;
-              prep->tile(w0, w_row, n_w, xp, p_stride, n_x, n_blocks, out, kOutStride);
-              ++compared;
-              int bad_r = -1, bad_c = -1;
-              CHECK_MSG(!first_wrong_cell(out, want, n_w, n_x, &bad_r, &bad_c),
-                        t.name << " " << isa_name(isa) << " prepared tile n_blocks=" << n_blocks
-                               << " n_w=" << n_w << " n_x=" << n_x << ": wrong cell (r=" << bad_r
-                               << ", c=" << bad_c << ")");
-            }
-          }
-        }
-      }
-    }
-  }
-  NOTE("prepared kernels:" << (ran.empty() ? " none on this CPU" : ran) << "; " << compared
-                           << " calls compared bitwise");
 }
 
 TEST(blocks32_repacked_match_scalar_every_isa) {

@@ -1,13 +1,9 @@
 // The SIMD K-quant dot kernels against the scalar path, bit for bit: for
-// Q4_K and Q6_K and every Isa this CPU has whose kernels repeat the scalar
-// float steps (avx2 on x86-64; neon, dotprod, i8mm on aarch64; the others
-// are skipped and the ones that ran are printed), the row kernels for
-// n_x = 1..8, the tile kernels for every (n_w <= 4, n_x <= 16), several
-// weight-row offsets and block counts, random and worst-case (largest
-// magnitude) blocks, and quant_matmul for several M. The AVX-512 kernels
-// keep 16-lane float accumulators with fused multiply-adds, so they are not
-// compared with the scalar path; their tile kernels are checked against
-// their own row kernels.
+// Q4_K and Q6_K and every SIMD Isa this CPU has (avx2, avx512 on x86-64;
+// neon, dotprod, i8mm on aarch64; the ones that ran are printed), the row
+// kernels for n_x = 1..8, the tile kernels for every (n_w <= 4, n_x <= 16),
+// several weight-row offsets and block counts, random and worst-case
+// (largest magnitude) blocks, and quant_matmul for several M.
 // The repacked kernels (kernels/repack.h, qdot_r8.h) are checked the same
 // way on every available Isa: every M from 1 to 64 and every group of the
 // matrix, memcmp-equal to the scalar kernel on the original rows, and the
@@ -118,7 +114,8 @@ ActRows make_activations(int type, int n_x, size_t n_blocks, lever_test::Rng& rn
 
 // SIMD Isas whose K-quant kernels take the scalar kernel's float steps.
 bool is_scalar_exact_isa(Isa isa) {
-  return isa == Isa::kAvx2 || isa == Isa::kNeon || isa == Isa::kDotprod || isa == Isa::kI8mm;
+  return isa == Isa::kAvx2 || isa == Isa::kAvx512 || isa == Isa::kNeon || isa == Isa::kDotprod ||
+         isa == Isa::kI8mm;
 }
 
 std::vector<Isa> available_exact_isas() {
@@ -284,19 +281,6 @@ TEST(qdot_kquants_simd_matmul_matches_scalar) {
       NOTE(lever::type_name(type) << " " << lever::isa_name(isa) << ": " << n
                                   << " quant_matmul outputs compared");
     }
-  }
-}
-
-// AVX-512 (not bit-equal to the scalar path): its tile kernel against its
-// own row kernel (pair results must not depend on the tiling).
-TEST(qdot_kquants_avx512_tiles_match_rows) {
-  const Isa isa = Isa::kAvx512;
-  if (!lever::isa_available(isa)) SKIP("no avx512 here");
-  for (int type : kKquantTypes) {
-    lever::DotRowsFn rows = lever::dot_rows_kernel(type, isa);
-    REQUIRE(rows != nullptr && lever::dot_tile_kernel(type, isa) != nullptr);
-    const long n = check_tiles(type, isa, rows, false, 4000 + type);
-    NOTE(lever::type_name(type) << " avx512: " << n << " tile results compared with its row kernel");
   }
 }
 

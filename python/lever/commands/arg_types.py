@@ -178,6 +178,16 @@ def prefetch_depth(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def weight_layout(text: str) -> str:
+    """A store's weight layout for `lever convert` (lever.store.manifest.WEIGHT_LAYOUTS):
+    'repacked' (8-row groups for the batched kernels) or 'gguf' (the GGUF's row order)."""
+    from ..store.manifest import WEIGHT_LAYOUTS
+    value = text.strip()
+    if value not in WEIGHT_LAYOUTS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(WEIGHT_LAYOUTS)}, got {_short(text)}")
+    return value
+
+
 def bucket_list(what: str) -> Callable[[str], str]:
     """A comma-separated list of positive bucket sizes ('1,8,16'), normalised
     (sorted, duplicates dropped) and kept as text, so that a child command line

@@ -38,7 +38,8 @@ def print_header(args, b, kernels: dict) -> None:
     t, m = b.target, b.manifest
     reader = t.report()["reader"] if b.streamed else None
     header = (f"# lever bench: target={b.target_name}"
-              + (f" ({m.storage}, {m.weights_bytes / 1e6:,.0f} MB; budget {b.budget / 1e6:,.0f} MB, "
+              + (f" ({m.storage}, {m.weight_layout} layout, {m.weights_bytes / 1e6:,.0f} MB; "
+                 f"budget {b.budget / 1e6:,.0f} MB, "
                  f"{t.plan.pinned_layers}/{m.config.n_layers} layers pinned, ring {t.plan.prefetch_depth} slots, "
                  f"{t.plan.streamed_bytes_per_pass / 1e6:,.1f} MB streamed per pass; "
                  f"reader {reader['backend']} direct={reader['direct']} queue depth {reader['queue_depth']}, "
@@ -223,7 +224,8 @@ def result_document(args, b, kernels: dict, aggregates: dict, resident_agg: dict
                    "kernels": kernels, "probes": args.probes, "io_setting": io_share_label(b),
                    "chat_template": True},
         "machine": machine_info(),
-        "target": ({"store": str(b.store), "storage": m.storage, "weights_bytes": m.weights_bytes,
+        "target": ({"store": str(b.store), "storage": m.storage, "weight_layout": m.weight_layout,
+                    "store_format_version": m.format_version, "weights_bytes": m.weights_bytes,
                     "n_layers": m.config.n_layers, "reader": t.report()["reader"],
                     "residency": t.plan.summary()} if b.streamed
                    else {"path": str(b.loaded.path), "n_layers": t.config.n_layers}),

@@ -16,8 +16,9 @@ stay charged to the process's memory cgroup next to the weights' own copy,
 doubling the model's footprint under a memory limit.
 
 Tensors keep the file's block types (the native kernels multiply them
-directly).  Where this process's kernels are the AVX2 ones
-(`_native.should_repack()`), matrices of the types in REPACK_AT_LOAD are repacked in
+directly).  Where this process's kernels have repacked forms (AVX2, AVX-512:
+`_native.should_repack()`), matrices of the types `quant.repack_at_load_types()`
+names are repacked in
 place into groups of 8 interleaved rows for the register-blocked batched
 kernels (`repack_loaded`): the same bytes permuted, the same size, and the
 same results bit for bit (csrc/kernels/repack.h).  llama.cpp stores the q/k projections (and biases) of *llama*
@@ -36,7 +37,7 @@ from gguf.constants import GGMLQuantizationType
 from .. import _native
 from ..errors import ModelFormatError, UnsupportedModelError
 from ..files import open_regular
-from ..quant import Q4_0, dequantize, quantize_q4_0
+from ..quant import Q4_0, base_type, dequantize, quantize_q4_0, repack_at_load_types, repackable
 from ..store.flash_reader import aligned_empty
 from .config import ModelConfig, layer_shapes
 from .gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
@@ -51,8 +52,10 @@ _GGUF_LAYER_NAMES = {v: k for k, v in LAYER_TENSOR_NAMES.items()}
 
 
 def type_name(qtype: int) -> str:
+    """The name of ggml type id `qtype` ("Q4_K"; a repacked id "Q4_K_R8"; else "type N")."""
+    base = base_type(qtype)
     try:
-        return GGMLQuantizationType(int(qtype)).name
+        return GGMLQuantizationType(base).name + ("_R8" if base != int(qtype) else "")
     except ValueError:
         return f"type {int(qtype)}"
 
@@ -74,21 +77,13 @@ def check_type(where: str, name: str, qtype: int, matrix: bool, hint: str = "") 
                                     f"(supported: {names}){hint}")
 
 
-# The types repacked as a model loads. Q6_K has a repacked form too, but on
-# the AVX2 hosts measured it is slower than the row kernels below 32 rows
-# (lever-kbench), and one-row decoding reads the Q6_K output head every token.
-REPACK_AT_LOAD = {int(GGMLQuantizationType.Q4_K), int(GGMLQuantizationType.Q8_0),
-                  int(GGMLQuantizationType.Q5_0), int(GGMLQuantizationType.Q4_0),
-                  int(GGMLQuantizationType.Q4_1)}
-
-
 def repack_loaded(buffer: np.ndarray, qtype: int, shape: tuple) -> int:
     """Repacks the [rows, cols] matrix of ggml `qtype` in `buffer` in place
     when this process uses repacked weights (`_native.should_repack`), the
-    type is in REPACK_AT_LOAD and the matrix has a repacked form; returns its
-    type id as loaded (the repacked id, or `qtype`)."""
-    if (len(shape) == 2 and int(qtype) in REPACK_AT_LOAD and _native.should_repack()
-            and _native.can_repack(int(qtype), *map(int, shape))):
+    type is one it repacks at load (`quant.repack_at_load_types`, from the one
+    list of repacked types shared with flash stores) and the matrix has a
+    repacked form; returns its type id as loaded (the repacked id, or `qtype`)."""
+    if _native.should_repack() and repackable(qtype, shape, repack_at_load_types()):
         return _native.repack_rows(buffer, int(qtype), int(shape[0]), int(shape[1]))
     return int(qtype)
 

@@ -9,6 +9,18 @@ Storage formats:
 - ``source``: the GGUF's own block types (for the Qwen Q4_K_M files: Q4_K and
   Q6_K, ~4.5-6.5 bits per weight), dequantised natively as layers arrive;
 - ``bf16``: dequantised once at conversion (2 bytes per weight).
+
+Weight layouts (`weight_layout`, lever.store.manifest):
+- ``repacked`` (default): the matrices of decoder layers and the output head
+  whose type has a repacked form (`quant.REPACKABLE_TYPES`) and whose rows
+  are a multiple of 8 are written in groups of 8 interleaved rows
+  (`_native.repack_rows`, csrc/kernels/repack.h) under the repacked type id;
+  embedding parts stay in the GGUF layout;
+- ``gguf``: every tensor in the GGUF's row order, for CPUs without repacked
+  kernels (elsewhere they run through a slower fallback).
+The head is decided as one matrix: repacked only if all of its rows are whole
+groups of 8, so every head part has the same layout.  A ``bf16`` store has no
+type with a repacked form and records the layout ``gguf`` whatever was asked.
 """
 
 from __future__ import annotations
@@ -22,15 +34,16 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .. import quant
+from .. import _native, quant
 from ..errors import StoreError, UnsupportedModelError
 from ..files import file_sha256
 from ..model.gguf_file import GGUFFile
 from ..model.gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, qk_row_order
 from ..model.registry import resolve_model
 from .flash_reader import chunk_checksums
-from .manifest import (ALIGNMENT, CHUNK_BYTES, STORAGE_FORMATS, TENSOR_ALIGNMENT, TOKENIZER, WEIGHTS, Extent,
-                       StoreManifest, TensorEntry)
+from .manifest import (ALIGNMENT, CHUNK_BYTES, DEFAULT_WEIGHT_LAYOUT, STORAGE_FORMATS, TENSOR_ALIGNMENT, TOKENIZER,
+                       WEIGHT_LAYOUTS, WEIGHTS, Extent, StoreManifest, TensorEntry)
+from .validate import REPACK_ROWS
 
 BF16 = 30                         # ggml type id
 _TENSOR_ALIGN = TENSOR_ALIGNMENT  # bytes; tensors inside an extent start on this boundary
@@ -100,9 +113,32 @@ def _stored(g: GGUFFile, gguf_name: str, storage: str, perm_heads: int | None,
     return BF16, tuple(shape), quant.dequantize(raw, info.qtype, shape, "bfloat16")
 
 
+def _laid_out(qtype: int, shape: tuple[int, ...], data: np.ndarray, layout: str
+              ) -> tuple[int, tuple[int, ...], np.ndarray]:
+    """(qtype, shape, bytes) of one tensor in weight `layout`: under "repacked", a
+    matrix Lever repacks (`quant.repackable`: 2-D, a type in REPACKABLE_TYPES,
+    rows a multiple of 8) is repacked into a copy (the same number of bytes)
+    under its repacked type id; anything else is returned as given."""
+    if layout != "repacked" or not quant.repackable(qtype, shape):
+        return qtype, shape, data
+    packed = np.array(data, dtype=np.uint8).reshape(-1)     # a copy: `data` may be the GGUF's read-only map
+    return _native.repack_rows(packed, int(qtype), int(shape[0]), int(shape[1])), shape, packed
+
+
 _ROW_GROUP = 64   # head parts hold a multiple of this many rows: matrix-vector kernels
                   # treat a ragged tail of rows differently, and the streamed head must
-                  # compute every logit exactly like one matmul over the whole matrix
+                  # compute every logit exactly like one matmul over the whole matrix;
+                  # a multiple of REPACK_ROWS, so a repacked head's parts are whole groups
+assert _ROW_GROUP % REPACK_ROWS == 0
+
+
+def _matrix_layout(kind: str, info, layout: str) -> str:
+    """The layout of the head or embedding matrix `info` (parts split by rows):
+    embedding rows are looked up one by one and stay in the GGUF layout; the
+    head is repacked as a whole or not at all (its rows a multiple of 8)."""
+    if kind == "embed" or not quant.repackable(info.qtype, info.shape):
+        return "gguf"
+    return layout
 
 
 def _row_groups(n_rows: int, row_bytes: int, target_bytes: int) -> list[tuple[int, int]]:
@@ -114,10 +150,13 @@ def _row_groups(n_rows: int, row_bytes: int, target_bytes: int) -> list[tuple[in
 
 
 def convert(model: str, out_dir: str | os.PathLike, storage: str = "source", force: bool = False,
-            progress: bool = True, cache_dir=None) -> Path:
-    """Write a store for `model` (registered name or GGUF path) into `out_dir`."""
+            progress: bool = True, cache_dir=None, weight_layout: str = DEFAULT_WEIGHT_LAYOUT) -> Path:
+    """Write a store for `model` (registered name or GGUF path) into `out_dir`;
+    storage "source" or "bf16", weight_layout "repacked" or "gguf" (module doc)."""
     if storage not in STORAGE_FORMATS:
         raise StoreError(f"unknown storage format {storage!r} (choose from {', '.join(STORAGE_FORMATS)})")
+    if weight_layout not in WEIGHT_LAYOUTS:
+        raise StoreError(f"unknown weight layout {weight_layout!r} (choose from {', '.join(WEIGHT_LAYOUTS)})")
     out = Path(out_dir)
     if out.exists() and not force:
         raise StoreError(f"{out} already exists (use --force to replace it)")
@@ -131,7 +170,7 @@ def convert(model: str, out_dir: str | os.PathLike, storage: str = "source", for
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write_store(g, cfg, storage, tmp, progress)
+        _write_store(g, cfg, storage, weight_layout, tmp, progress)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(old)
@@ -145,8 +184,10 @@ def convert(model: str, out_dir: str | os.PathLike, storage: str = "source", for
     return out
 
 
-def _write_store(g: GGUFFile, cfg, storage: str, tmp: Path, progress: bool) -> None:
+def _write_store(g: GGUFFile, cfg, storage: str, layout: str, tmp: Path, progress: bool) -> None:
+    """weights.bin, tokenizer_metadata.json and manifest.json of the store, into `tmp`."""
     llama = cfg.arch == "llama"
+    layout = layout if storage == "source" else "gguf"       # BF16 has no repacked form
     head_name = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     total = sum(t.nbytes for t in g.tensors.values()) * (1 if storage == "source" else 3)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"convert ({storage})", disable=not progress)
@@ -163,15 +204,17 @@ def _write_store(g: GGUFFile, cfg, storage: str, tmp: Path, progress: bool) -> N
                     perm = cfg.n_heads
                 elif llama and name.startswith("self_attn.k_proj"):
                     perm = cfg.n_kv_heads
-                tensors.append((name, *_stored(g, gname, storage, perm)))
+                tensors.append((name, *_laid_out(*_stored(g, gname, storage, perm), layout)))
             writer.add(f"layer.{i}", tensors)
         layer_bytes = max(e.data_bytes for e in writer.extents)
         for kind, gname in (("head", head_name),) + ((("embed", "token_embd.weight"),)
                                                     if not cfg.tie_word_embeddings else ()):
             info = g.tensors[gname]
             row_bytes = info.nbytes // info.shape[0] * (1 if storage == "source" else 2)
+            part_layout = _matrix_layout(kind, info, layout)
             for k, rows in enumerate(_row_groups(info.shape[0], row_bytes, layer_bytes)):
-                writer.add(f"{kind}.{k}", [("weight", *_stored(g, gname, storage, None, rows))], rows=rows)
+                part = _laid_out(*_stored(g, gname, storage, None, rows), part_layout)
+                writer.add(f"{kind}.{k}", [("weight", *part)], rows=rows)
         writer.add("globals", [("norm.weight", *_stored(g, "output_norm.weight", storage, None))])
     finally:
         writer.close()
@@ -183,6 +226,6 @@ def _write_store(g: GGUFFile, cfg, storage: str, tmp: Path, progress: bool) -> N
               "file_type": g.metadata.get("general.file_type"), "sha256": file_sha256(g.path)}
     manifest = StoreManifest(config=cfg, storage=storage, weights_bytes=writer.offset,
                              extents=writer.extents, source=source,
-                             tokenizer_sha256=hashlib.sha256(tokenizer_bytes).hexdigest())
+                             tokenizer_sha256=hashlib.sha256(tokenizer_bytes).hexdigest(), weight_layout=layout)
     manifest.save(tmp)
     StoreManifest.load(tmp)       # what was written must pass the checks every load makes

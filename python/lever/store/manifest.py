@@ -11,19 +11,34 @@ and padded to a multiple of 4 KiB, so one extent is one large O_DIRECT read:
 - ``globals``   the final norm.
 
 Each extent carries CRC32C checksums of its `chunk_bytes`-sized chunks (padding
-included), which
-the reader verifies as the chunks arrive.  Tensors keep a ggml type id: the
-store's storage format decides whether that is the source's block format
-(e.g. Q4_K) or BF16.  Offsets and sizes are in bytes.
+included), which the reader verifies as the chunks arrive (over the bytes as
+stored).  Offsets and sizes are in bytes.
 
-Integrity (format version 2): `manifest_sha256` is the SHA-256 of the
+Each tensor records its type id.  The storage format decides the blocks:
+``source`` keeps the GGUF's (e.g. Q4_K), ``bf16`` dequantises.  The weight
+layout (format version 3, `weight_layout`) decides their order:
+``repacked`` (the default of `lever convert`) writes every matrix of a type in
+`lever.quant.REPACKABLE_TYPES` whose rows are a multiple of 8 in groups of 8
+interleaved rows (csrc/kernels/repack.h), recorded under the repacked type id
+(1000 + the ggml id): a permutation of the GGUF bytes, the same size, the
+same results from the kernels, read in place like any other matrix.
+Embedding parts (``embed.K``, looked up row by row) keep the GGUF layout;
+head parts start on multiples of 64 rows, so a repacked head part is whole
+groups (a tied model's embedding rows are restored from them on lookup).
+``gguf`` keeps the GGUF's row order everywhere, for CPUs without repacked
+kernels (and is what a ``bf16`` store records: BF16 has no repacked form).
+
+Integrity (since format version 2): `manifest_sha256` is the SHA-256 of the
 manifest's own canonical content (`manifest_json.digest`) and
 `tokenizer_sha256` that of tokenizer_metadata.json, so an edited manifest --
 a changed hyperparameter, a moved offset, two layers swapped with their
 checksums -- is refused at open, as is an edited tokenizer.  Loading also
 checks every field (`manifest_json`, `validate`) and opens only regular files
-inside the store (`safe_files`).  Version 1 stores (no checksum) are refused
-with the advice to convert again.
+inside the store (`safe_files`).
+
+Versions: 3 is written; 2 (no `weight_layout`: every tensor in the GGUF
+layout) is still read, as a ``gguf``-layout store; 1 (no checksum) and
+versions newer than 3 are refused in one line with what to do.
 """
 
 from __future__ import annotations
@@ -41,7 +56,10 @@ from .manifest_json import CHECKSUM_FIELD, Fields, digest, parse_json
 from .safe_files import read_store_file, store_file
 
 STORE_FORMAT = "lever-store"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3                # the version `lever convert` writes
+READABLE_VERSIONS = (2, 3)        # 2: no weight_layout field, every tensor in the GGUF layout
+WEIGHT_LAYOUTS = ("repacked", "gguf")
+DEFAULT_WEIGHT_LAYOUT = "repacked"
 ALIGNMENT = 4096                  # bytes; extent start and length granularity
 CHUNK_BYTES = 1 << 20             # bytes per checksummed chunk
 TENSOR_ALIGNMENT = 64             # bytes; tensors inside an extent start on this boundary
@@ -59,7 +77,7 @@ class TensorEntry:
     """One tensor inside an extent; `offset` is relative to the extent start."""
 
     name: str                     # Decoder parameter name, layer prefix removed for layers
-    qtype: int                    # ggml type id of the stored bytes
+    qtype: int                    # type id of the stored bytes: ggml's, or a repacked id (1000 + ggml's)
     shape: tuple[int, ...]        # outermost first
     offset: int
     nbytes: int
@@ -104,6 +122,7 @@ class StoreManifest:
     format: str = STORE_FORMAT
     format_version: int = FORMAT_VERSION
     tokenizer_sha256: str = ""    # hex SHA-256 of tokenizer_metadata.json
+    weight_layout: str = DEFAULT_WEIGHT_LAYOUT    # "repacked" or "gguf" (version 2 stores: "gguf")
 
     # -- views ---------------------------------------------------------------
 
@@ -129,10 +148,19 @@ class StoreManifest:
 
     # -- (de)serialisation ---------------------------------------------------
 
+    @property
+    def repacked(self) -> bool:
+        """True if the store's matrices are in the repacked layout (where they have one)."""
+        return self.weight_layout == "repacked"
+
     def to_json(self) -> dict:
-        """The manifest as JSON values, sealed with its checksum (`manifest_sha256`)."""
+        """The manifest as JSON values, sealed with its checksum (`manifest_sha256`);
+        a version 2 manifest without the field it lacks (`weight_layout`), so
+        that its checksum is the one it was written with."""
         d = asdict(self)
         d["config"] = asdict(self.config)
+        if self.format_version == 2:
+            del d["weight_layout"]
         d = json.loads(json.dumps(d))              # tuples -> lists, as they will be read back
         d[CHECKSUM_FIELD] = digest(d)
         return d
@@ -159,11 +187,8 @@ class StoreManifest:
         raw = parse_json(read_store_file(path, MAX_MANIFEST_BYTES), path)
         if raw.get("format") != STORE_FORMAT:
             raise StoreError(f"{path}: not a Lever store manifest (format {raw.get('format')!r})")
-        version = raw.get("format_version")
-        if type(version) is not int or version != FORMAT_VERSION:
-            raise StoreError(f"{path}: store format version {version!r} is not "
-                             f"supported (this Lever reads version {FORMAT_VERSION}); {_REBUILD}")
-        manifest = _from_json(raw, path)
+        version = _readable_version(raw.get("format_version"), path)
+        manifest = _from_json(raw, path, version)
         manifest.validate(d)
         if raw[CHECKSUM_FIELD] != digest(raw):
             raise StoreError(f"{path}: {CHECKSUM_FIELD} does not match the manifest's content "
@@ -174,7 +199,7 @@ class StoreManifest:
     def validate(self, directory: Path) -> None:
         """Check that every field is consistent with the others and the config."""
         path = directory / MANIFEST
-        validate.check_geometry(self, path, STORAGE_FORMATS)
+        validate.check_geometry(self, path, STORAGE_FORMATS, WEIGHT_LAYOUTS)
         validate.check_extent_names(self, path)
         validate.check_rows(self, path)
         validate.check_layout(self, path)
@@ -201,12 +226,25 @@ class StoreManifest:
 
 _TOP_FIELDS = ("format", "format_version", "config", "storage", "weights_bytes", "extents", "source",
                "chunk_bytes", "alignment", "tokenizer_sha256", CHECKSUM_FIELD)
+_V3_FIELDS = ("weight_layout",)   # top-level fields version 3 added
 
 
-def _from_json(raw: dict, path: Path) -> StoreManifest:
-    """A StoreManifest from the parsed JSON, every field type-checked."""
+def _readable_version(version, path: Path) -> int:
+    """`version` if this Lever reads it; StoreError (one line: what to do) otherwise."""
+    readable = " and ".join(map(str, READABLE_VERSIONS))
+    if type(version) is int and version > FORMAT_VERSION:
+        raise StoreError(f"{path}: store format version {version} is newer than this Lever reads "
+                         f"(versions {readable}); update Lever, or re-run `lever convert` with this one")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise StoreError(f"{path}: store format version {version!r} is not "
+                         f"supported (this Lever reads versions {readable}); {_REBUILD}")
+    return version
+
+
+def _from_json(raw: dict, path: Path, version: int) -> StoreManifest:
+    """A StoreManifest from the parsed JSON of format `version`, every field type-checked."""
     top = Fields(raw, "", path)
-    top.only(*_TOP_FIELDS)
+    top.only(*_TOP_FIELDS, *(_V3_FIELDS if version >= 3 else ()))
     for key in (CHECKSUM_FIELD, "tokenizer_sha256"):
         value = top.str(key)
         if len(value) != 64 or value.strip("0123456789abcdef"):
@@ -218,7 +256,8 @@ def _from_json(raw: dict, path: Path) -> StoreManifest:
     return StoreManifest(config=config, storage=top.str("storage"), weights_bytes=top.int("weights_bytes"),
                          extents=[_extent(e, f"extents[{i}]", path) for i, e in enumerate(top.list("extents"))],
                          source=source, chunk_bytes=top.int("chunk_bytes", 1), alignment=top.int("alignment", 1),
-                         tokenizer_sha256=top.str("tokenizer_sha256"))
+                         format_version=version, tokenizer_sha256=top.str("tokenizer_sha256"),
+                         weight_layout=top.str("weight_layout") if version >= 3 else "gguf")
 
 
 def _extent(obj, where: str, path: Path) -> Extent:

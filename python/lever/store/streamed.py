@@ -11,9 +11,12 @@ layers of the next pass) are in flight while layer l computes.
 
 Every tensor is used in place, straight from its extent's buffer: the native
 decoder multiplies the kernel block types (Q4_K, Q6_K, Q8_0, ...) of a
-`source` store and the BF16 matrices of a `bf16` store directly, so nothing
-is dequantised.  Embedding rows are read on demand with pread (their chunks'
-CRC32C checked once) and kept in a small cache of stored rows.
+`source` store, in the GGUF layout or repacked into 8-row groups (the
+manifest's type id says which), and the BF16 matrices of a `bf16` store
+directly, so nothing is dequantised.  Embedding rows are read on demand with
+pread (their chunks' CRC32C checked once) and kept in a small cache of rows
+in the GGUF layout: a tied model's rows come from the head parts, and a row
+of a repacked part is restored from its 8-row group (`_native.unpack_rows`).
 
 A pass that fails part way (a checksum error, EIO, a short or timed-out
 read, an exception in a layer's compute) leaves the target usable: every
@@ -43,11 +46,13 @@ from ..dtypes import dtype_bytes
 from ..errors import ChecksumError, FlashReadError, StoreError
 from ..model.native_decoder import NativeDecoder, PassStats, dtype_name
 from ..model.native_loader import check_token_ids, check_type
+from ..quant import base_type, is_repacked
 from .flash_reader import DEFAULT_QUEUE_DEPTH, FlashReader, aligned_empty, crc32c
-from .manifest import WEIGHTS, Extent, StoreManifest
+from .manifest import WEIGHTS, Extent, StoreManifest, TensorEntry
 from .residency import ResidencyPlan, plan_residency
+from .validate import REPACK_ROWS
 
-EMBED_CACHE_ROWS = 4096           # embedding rows kept (stored form)
+EMBED_CACHE_ROWS = 4096           # embedding rows kept (their stored blocks, in the GGUF layout)
 HEAD_CACHE_ROWS = 256             # output head rows kept for the early-exit probe (~320 KB for a 1.5B model)
 
 
@@ -88,8 +93,8 @@ class StreamedWeights:
         _native.dequantize(np.ascontiguousarray(self._read_whole(g)[norm.offset:norm.offset + norm.nbytes]),
                            norm.qtype, self.norm)
         embed = manifest.embedding_parts
-        self.embed_qtype = embed[0].tensors[0].qtype
-        self.embed_row_bytes = embed[0].tensors[0].nbytes // embed[0].tensors[0].shape[0]
+        self.embed_qtype = base_type(embed[0].tensors[0].qtype)      # rows are restored to the GGUF layout
+        self.embed_row_bytes = _row_bytes(embed[0])
         self._embed_rows: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._head_rows: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._verified_chunks: set[tuple[str, int]] = set()     # (extent, chunk) of embedding rows
@@ -206,37 +211,46 @@ class StreamedWeights:
 
     def head_rows(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
         """(uint8 [len(ids), row bytes], ggml type): the output head's rows of token
-        ids `ids` as stored, read on demand like embedding rows (the early-exit
-        probe's lens, lever.probe); the head parts streamed at the end of a pass
-        are not touched."""
+        ids `ids` in the GGUF layout (restored where the store repacked them), read
+        on demand like embedding rows (the early-exit probe's lens, lever.probe);
+        the head parts streamed at the end of a pass are not touched."""
         check_token_ids(ids, self.config.vocab_size)
         parts = self.manifest.head_parts
         table = np.empty((len(ids), _row_bytes(parts[0])), dtype=np.uint8)
         for i, tok in enumerate(ids.tolist()):
             table[i] = self._row(tok, parts, self._head_rows, HEAD_CACHE_ROWS)
-        return table, parts[0].tensors[0].qtype
+        return table, base_type(parts[0].tensors[0].qtype)
 
     def _row(self, tok: int, parts: list[Extent], cache: collections.OrderedDict, max_rows: int) -> np.ndarray:
-        """The stored bytes of row `tok` of the matrix split over `parts` (embedding
-        or head), kept in `cache` (at most max_rows rows, least recently used dropped)."""
+        """Row `tok` of the matrix split over `parts` (embedding or head) in the GGUF
+        layout, kept in `cache` (at most max_rows rows, least recently used dropped)."""
         row = cache.get(tok)
         if row is not None:
             cache.move_to_end(tok)
             return row
         part = next(e for e in parts if e.rows[0] <= tok < e.rows[1])
+        t = part.tensors[0]
         row_bytes = _row_bytes(part)
-        start = part.tensors[0].offset + (tok - part.rows[0]) * row_bytes
+        group = REPACK_ROWS if is_repacked(t.qtype) else 1      # a repacked part: read the 8-row group
+        first = (tok - part.rows[0]) // group * group            # its first row, counted from the part's
+        start, nbytes = t.offset + first * row_bytes, group * row_bytes
         if part.name in self._pinned:
-            return self._pinned[part.name][start:start + row_bytes]
-        self._verify_chunks(part, start, row_bytes)
-        row = np.frombuffer(os.pread(self._embed_fd, row_bytes, part.offset + start), dtype=np.uint8)
-        self.stats.embedding_bytes += row.nbytes
-        if row.nbytes != row_bytes:
-            raise StoreError(f"{self.store_dir / WEIGHTS}: short read of row {tok} of {part.name}")
+            return _in_ggml_layout(self._pinned[part.name][start:start + nbytes], t, tok - part.rows[0] - first)
+        row = _in_ggml_layout(self._pread(part, start, nbytes, tok), t, tok - part.rows[0] - first)
         cache[tok] = row
         if len(cache) > max_rows:
             cache.popitem(last=False)
         return row
+
+    def _pread(self, part: Extent, start: int, nbytes: int, tok: int) -> np.ndarray:
+        """Bytes [start, start + nbytes) of extent `part` (the rows holding row `tok`),
+        read with pread, their chunks' checksums verified first."""
+        self._verify_chunks(part, start, nbytes)
+        data = np.frombuffer(os.pread(self._embed_fd, nbytes, part.offset + start), dtype=np.uint8)
+        self.stats.embedding_bytes += data.nbytes
+        if data.nbytes != nbytes:
+            raise StoreError(f"{self.store_dir / WEIGHTS}: short read of row {tok} of {part.name}")
+        return data
 
     def _verify_chunks(self, e: Extent, start: int, nbytes: int) -> None:
         """Check (once per chunk) the CRC32C of the chunks of extent `e` that hold
@@ -259,12 +273,14 @@ class StreamedWeights:
 
 
 def _check_types(m: StoreManifest, store_dir: Path) -> None:
-    """UnsupportedModelError for a tensor the native decoder cannot use as stored."""
+    """UnsupportedModelError for a tensor the native decoder cannot use as stored
+    (a repacked type is used wherever its base type is: the manifest's checks
+    allow it only where it has a repacked form, lever.store.validate)."""
     for e in m.layers + m.head_parts + m.embedding_parts:
         for t in e.tensors:
-            check_type(f"{store_dir} ({e.name})", t.name, t.qtype, len(t.shape) == 2,
+            check_type(f"{store_dir} ({e.name})", t.name, base_type(t.qtype), len(t.shape) == 2,
                        "; convert the model with `lever convert --dtype bf16`")
-    if len({e.tensors[0].qtype for e in m.embedding_parts}) != 1:
+    if len({base_type(e.tensors[0].qtype) for e in m.embedding_parts}) != 1:
         raise StoreError(f"{store_dir}: the embedding parts do not share one tensor type")
 
 
@@ -272,6 +288,14 @@ def _row_bytes(part: Extent) -> int:
     """Bytes of one row of the matrix an embedding or head part holds."""
     t = part.tensors[0]
     return t.nbytes // t.shape[0]
+
+
+def _in_ggml_layout(data: np.ndarray, t: TensorEntry, r: int) -> np.ndarray:
+    """Row r of `data`, the bytes of rows of tensor `t` as stored (one row, or
+    for a repacked type the whole 8-row group holding it), in the GGUF layout."""
+    if not is_repacked(t.qtype):
+        return data
+    return _native.unpack_rows(np.ascontiguousarray(data), t.qtype, REPACK_ROWS, t.shape[1], [r])[0]
 
 
 def _no_release() -> None:
@@ -384,6 +408,8 @@ class StreamedDecoder(NativeDecoder):
             "read_limit_bytes_per_s": self.max_read_bytes_per_s,
             "checksum_s": r.get("checksum_s"),
             "residency": self.plan.summary(),
+            "store_format_version": self.manifest.format_version,
+            "weight_layout": self.manifest.weight_layout,    # "gguf": not repacked (version 2, or so converted)
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
 

@@ -2,6 +2,9 @@
 whole store read into an in-memory `lever.model.decoder.Decoder`.
 
 Kept apart from `streamed.py` so that the streamed (native) path never imports torch.
+Matrices of a repacked store (lever.store.manifest) are restored to the GGUF
+layout as they are read (`quant.in_ggml_layout`): the torch decoder gathers
+embedding rows and dequantises whole matrices in that layout.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from ..model.decoder import Decoder
 from ..model.linear import QuantTensor, dequantize_tensor, has_kernel
 from ..model.weights import build_decoder, parse_dtype
+from ..quant import in_ggml_layout
 from .flash_reader import FlashReader, aligned_empty
 from .manifest import WEIGHTS, Extent, StoreManifest
 
@@ -38,13 +42,13 @@ def load_store_model(store_dir: str | os.PathLike, dtype: str | torch.dtype = to
 
         def matrix(parts: list[Extent]):
             """One matrix stored as row groups (head / embedding parts)."""
-            t = parts[0].tensors[0]
-            raws = [read(e)[e.tensors[0].offset:][:e.tensors[0].nbytes] for e in parts]
+            blocks = [_gguf_layout(read(e), e.tensors[0]) for e in parts]
+            qtype, cols = blocks[0][1], parts[0].tensors[0].shape[1]
             rows = sum(e.tensors[0].shape[0] for e in parts)
-            if quantized and has_kernel(t.qtype):
-                return QuantTensor(np.concatenate(raws), t.qtype, (rows, t.shape[1]))
-            return torch.cat([dequantize_tensor(r, e.tensors[0].qtype, e.tensors[0].shape, dtype)
-                              for r, e in zip(raws, parts)])
+            if quantized and has_kernel(qtype):
+                return QuantTensor(np.concatenate([r for r, _ in blocks]), qtype, (rows, cols))
+            return torch.cat([dequantize_tensor(r, q, e.tensors[0].shape, dtype)
+                              for (r, q), e in zip(blocks, parts)])
 
         def tensors():
             for e in m.layers:
@@ -65,8 +69,14 @@ def load_store_model(store_dir: str | os.PathLike, dtype: str | torch.dtype = to
         reader.close()
 
 
+def _gguf_layout(raw: np.ndarray, t) -> tuple[np.ndarray, int]:
+    """(bytes, ggml type) of tensor `t` of the extent read into `raw`, in the GGUF
+    layout (a repacked matrix's rows restored)."""
+    return in_ggml_layout(raw[t.offset:t.offset + t.nbytes], t.qtype, t.shape)
+
+
 def _tensor(raw: np.ndarray, t, dtype: torch.dtype, quantized: bool):
-    src = raw[t.offset:t.offset + t.nbytes]
-    if quantized and len(t.shape) == 2 and has_kernel(t.qtype):
-        return QuantTensor(np.array(src), t.qtype, tuple(t.shape))
-    return dequantize_tensor(src, t.qtype, t.shape, dtype)
+    src, qtype = _gguf_layout(raw, t)
+    if quantized and len(t.shape) == 2 and has_kernel(qtype):
+        return QuantTensor(np.array(src), qtype, tuple(t.shape))
+    return dequantize_tensor(src, qtype, t.shape, dtype)

@@ -5,8 +5,13 @@ exactly what `convert` writes: extents in pass order (layers, head parts,
 embedding parts when untied, globals) back to back from byte 0 to the end of
 weights.bin, each padded to the alignment and checksummed per chunk; inside
 an extent, the tensors its kind needs with the shapes the config implies,
-back to back on TENSOR_ALIGNMENT boundaries.  Each check raises a
-`StoreError` naming the manifest and the field.  Sizes are in bytes.
+back to back on TENSOR_ALIGNMENT boundaries.  A repacked type id (1000 +
+the ggml id, csrc/kernels/repack.h) is allowed only where `convert` may
+write one: in a ``repacked`` store, for a matrix with a repacked form (rows a
+multiple of 8), not in an embedding part, and in a head part starting on a
+multiple of 8 rows; sizes are those of its base type (the repacked bytes are
+a permutation).  Each check raises a `StoreError` naming the manifest and the
+field.  Sizes are in bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ..model.config import layer_shapes
 MAX_CHUNK_BYTES = 1 << 30
 MAX_ALIGNMENT = 1 << 20
 READ_GRANULE = 4096                # the flash reader's offset / length granularity
+REPACK_ROWS = 8                    # rows per interleaved group of a repacked matrix
 
 
 def _fail(path: Path, problem: str):
@@ -34,14 +40,17 @@ def _power_of_two(n: int) -> bool:
     return n > 0 and not n & (n - 1)
 
 
-def check_geometry(m, path: Path, storage_formats: tuple[str, ...]) -> None:
-    """alignment and chunk_bytes: powers of two the reader accepts; a known storage format."""
+def check_geometry(m, path: Path, storage_formats: tuple[str, ...], weight_layouts: tuple[str, ...]) -> None:
+    """alignment and chunk_bytes: powers of two the reader accepts; a known storage
+    format and weight layout."""
     if not (_power_of_two(m.alignment) and READ_GRANULE <= m.alignment <= MAX_ALIGNMENT):
         _fail(path, f"alignment {m.alignment} is not a power of two in {READ_GRANULE}..{MAX_ALIGNMENT}")
     if not (_power_of_two(m.chunk_bytes) and READ_GRANULE <= m.chunk_bytes <= MAX_CHUNK_BYTES):
         _fail(path, f"chunk_bytes {m.chunk_bytes} is not a power of two in {READ_GRANULE}..{MAX_CHUNK_BYTES}")
     if m.storage not in storage_formats:
         _fail(path, f"storage {m.storage!r} is not one of {', '.join(storage_formats)}")
+    if m.weight_layout not in weight_layouts:
+        _fail(path, f"weight_layout {m.weight_layout!r} is not one of {', '.join(weight_layouts)}")
 
 
 def expected_extent_names(m) -> list[str]:
@@ -116,19 +125,40 @@ def check_rows(m, path: Path) -> None:
 
 
 def tensor_problem(t) -> str | None:
-    """None if the tensor's type is one Lever reads and nbytes matches its shape."""
-    if not quant.is_supported(t.qtype):
+    """None if the tensor's type is one Lever reads and nbytes (bytes) matches its
+    shape; a repacked type takes the bytes of its base type."""
+    qtype = quant.base_type(t.qtype)
+    if not quant.is_supported(qtype):
         return f"qtype {t.qtype} is not a type Lever can read"
     n = 1
     for d in t.shape:
         n *= d
-    block, size = quant.block_size(t.qtype), quant.type_size(t.qtype)
+    block, size = quant.block_size(qtype), quant.type_size(qtype)
     if t.shape[-1] % block:
-        return f"rows of {t.shape[-1]} elements are not whole {quant.type_name(t.qtype)} blocks of {block}"
+        return f"rows of {t.shape[-1]} elements are not whole {quant.type_name(qtype)} blocks of {block}"
     if n % block:
-        return f"{n} elements are not whole {quant.type_name(t.qtype)} blocks of {block}"
+        return f"{n} elements are not whole {quant.type_name(qtype)} blocks of {block}"
     if t.nbytes != n // block * size:
         return f"nbytes {t.nbytes:,} is not the {n // block * size:,} its shape and qtype take"
+    return None
+
+
+def layout_problem(m, e, t) -> str | None:
+    """None unless tensor `t` of extent `e` has a repacked type id where `convert`
+    never writes one (see the module doc)."""
+    if not quant.is_repacked(t.qtype):
+        return None
+    base = quant.base_type(t.qtype)
+    if m.weight_layout != "repacked":
+        return f"qtype {t.qtype} is a repacked type in a store whose weight_layout is {m.weight_layout!r}"
+    if not quant.repackable(base, t.shape):
+        return (f"qtype {t.qtype} is a repacked {quant.type_name(base)}, which a tensor of shape "
+                f"{list(t.shape)} cannot be (2-D, rows a multiple of 8)")
+    if e.kind == "embed":
+        return f"qtype {t.qtype} is a repacked type in an embedding part (kept in the GGUF layout)"
+    if e.kind == "head" and e.rows[0] % REPACK_ROWS:
+        return f"qtype {t.qtype} is a repacked type in a head part starting at row {e.rows[0]:,}, " \
+               f"not a multiple of {REPACK_ROWS}"
     return None
 
 
@@ -144,7 +174,7 @@ def check_tensors(m, path: Path, tensor_alignment: int) -> None:
             where = f"extents[{i}].tensors[{j}] ({e.name} {t.name})"
             if tuple(t.shape) != tuple(expected[t.name]):
                 _fail(path, f"{where}: shape {list(t.shape)}, the config implies {list(expected[t.name])}")
-            problem = tensor_problem(t)
+            problem = tensor_problem(t) or layout_problem(m, e, t)
             if problem:
                 _fail(path, f"{where}: {problem}")
             if t.offset != _round_up(end, tensor_alignment):
