@@ -9,7 +9,9 @@
 //     + a later vpmaddwd, and no int16 bound on how many products a sum takes;
 //   - 32 vector registers (EVEX encoding): 8 activation rows per pass over a
 //     group's weights instead of 4, so each unpacked weight vector serves
-//     twice as many rows.
+//     twice as many rows;
+//   - 512-bit vectors for Q6_K, whose per-16-value scales need a multiply
+//     per group: two groups share one vector (its 256-bit halves).
 // Per block, for each pair:
 //   Q4_K: s_j  = sum over sub-block j of q x (vpdpbusd), dot = sum_j sc_j s_j
 //         (vpmulld); offs = sum_j m_j (bsums[2j] + bsums[2j+1]) (vpdpwssd)
@@ -110,12 +112,10 @@ LEVER_VNNI void q4_k_r8_vnni_tile(const uint8_t* w, const uint8_t* x, size_t x_s
   for (int r = 0; r < NX; ++r) _mm256_storeu_ps(out + r * out_stride, acc[r]);
 }
 
-// Q6_K value bits of two consecutive words (as q6k_values, 512 bits: the low
-// 256 bits hold word k of the 8 rows, the high 256 bits word k + 1).
-LEVER_VNNI inline __m512i q6k_values512(const uint8_t* ql, const uint8_t* qh, int s) {
+// Q6_K value bits (as q6k_values) of 64 bytes of ql and qh words.
+LEVER_VNNI inline __m512i q6k_values512(__m512i l, __m512i hbits, int s) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i bits45 = _mm512_set1_epi8(0x30);
-  const __m512i l = _mm512_loadu_si512(ql), hbits = _mm512_loadu_si512(qh);
   const __m512i lo = s < 2 ? _mm512_and_si512(l, low4)
                            : _mm512_and_si512(_mm512_srli_epi16(l, 4), low4);
   __m512i hi;
@@ -128,20 +128,21 @@ LEVER_VNNI inline __m512i q6k_values512(const uint8_t* ql, const uint8_t* qh, in
   return _mm512_or_si512(lo, _mm512_and_si512(hi, bits45));
 }
 
-// The activation words at p (4 bytes) and p + 4 spread to match
-// q6k_values512: the first in int32 lanes 0..7, the second in lanes 8..15.
-LEVER_VNNI inline __m512i act_word_pair(const uint8_t* p, __m512i spread) {
-  return _mm512_permutexvar_epi32(
-      spread, _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
-// Q6_K_R8, NX activation rows. The values are unpacked two words (8 values
-// of each row) per 512-bit vector, half the unpacking work of 256-bit
-// vectors; each group's 16 values end up in one 256-bit sum per row.
+// Q6_K_R8, NX activation rows. Per (h, s), the 32 values 128h + 32s + l of
+// each row form two groups (l < 16: group 8h + 2s, l >= 16: the next), four
+// words each: 512-bit vector j holds word j of the first group in its low
+// 256 bits and word j of the second in its high 256 bits, so one vpdpbusd
+// serves both groups, each lane keeps one group's sum, and one vpmulld
+// applies both groups' scales (lanes 0..7 the first, 8..15 the second); the
+// two halves are folded once per block.
 template <int NX>
 LEVER_VNNI void q6_k_r8_vnni_tile(const uint8_t* w, const uint8_t* x, size_t x_stride,
                                   size_t n_blocks, float* out, size_t out_stride) {
-  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  // spread[j]: activation word j into lanes 0..7, word 4 + j into lanes 8..15.
+  __m512i spread[4];
+  for (int j = 0; j < 4; ++j) {
+    spread[j] = _mm512_inserti64x4(_mm512_set1_epi32(j), _mm256_set1_epi32(4 + j), 1);
+  }
   __m256 acc[NX];
   for (int r = 0; r < NX; ++r) acc[r] = _mm256_setzero_ps();
 
@@ -150,33 +151,37 @@ LEVER_VNNI void q6_k_r8_vnni_tile(const uint8_t* w, const uint8_t* x, size_t x_s
     const uint8_t* xb[NX];
     for (int r = 0; r < NX; ++r) xb[r] = x + r * x_stride + b * kActBytes;
 
-    __m256i dot[NX];
-    for (int r = 0; r < NX; ++r) dot[r] = _mm256_setzero_si256();
+    __m512i dot[NX];
+    for (int r = 0; r < NX; ++r) dot[r] = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
       for (int s = 0; s < 4; ++s) {
-        // Scales of groups 8h + 2s and 8h + 2s + 1 (pair p = 4h + s), int32 per lane.
+        // Scales of groups 8h + 2s (lanes 0..7) and 8h + 2s + 1 (lanes 8..15),
+        // int32: pair p = 4h + s holds them as the two int16 of each row's lane.
         const __m256i pair = _mm256_cvtepi8_epi16(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 1536 + 16 * (4 * h + s))));
-        const __m256i sc[2] = {_mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16),
-                               _mm256_srai_epi32(pair, 16)};
-        for (int half = 0; half < 2; ++half) {
-          // Values 128h + 32s + 16 half + l (l < 16): low 4 bits from ql word
-          // 16h + 8(s % 2) + 4 half + l/4 (nibble s / 2), high 2 bits from qh
-          // word 8h + 4 half + l/4 (bits 2s, 2s+1).
-          const uint8_t* ql = g + 32 * (16 * h + 8 * (s % 2) + 4 * half);
-          const uint8_t* qh = g + 1024 + 32 * (8 * h + 4 * half);
-          const __m512i q01 = q6k_values512(ql, qh, s);
-          const __m512i q23 = q6k_values512(ql + 64, qh + 64, s);
+        const __m512i sc = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16)),
+            _mm256_srai_epi32(pair, 16), 1);
+        // Word j of group l < 16 is ql word 16h + 8(s % 2) + j (nibble s / 2)
+        // and qh word 8h + j (bits 2s, 2s+1); of group l >= 16, word j + 4.
+        const uint8_t* ql = g + 32 * (16 * h + 8 * (s % 2));
+        const uint8_t* qh = g + 1024 + 32 * (8 * h);
+        __m512i q[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m512i l = _mm512_inserti64x4(
+              _mm512_castsi256_si512(load256(ql + 32 * j)), load256(ql + 32 * (4 + j)), 1);
+          const __m512i hb = _mm512_inserti64x4(
+              _mm512_castsi256_si512(load256(qh + 32 * j)), load256(qh + 32 * (4 + j)), 1);
+          q[j] = q6k_values512(l, hb, s);
+        }
 #pragma GCC unroll 8
-          for (int r = 0; r < NX; ++r) {
-            const uint8_t* xq = xb[r] + kActQs + 128 * h + 32 * s + 16 * half;
-            const __m512i z = _mm512_dpbusd_epi32(
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), q01, act_word_pair(xq, spread)), q23,
-                act_word_pair(xq + 8, spread));
-            const __m256i sum = _mm256_add_epi32(_mm512_castsi512_si256(z),
-                                                 _mm512_extracti64x4_epi64(z, 1));
-            dot[r] = _mm256_add_epi32(dot[r], _mm256_mullo_epi32(sum, sc[half]));
+        for (int r = 0; r < NX; ++r) {
+          const __m512i xw = _mm512_castsi256_si512(load256(xb[r] + kActQs + 128 * h + 32 * s));
+          __m512i z = _mm512_setzero_si512();
+          for (int j = 0; j < 4; ++j) {
+            z = _mm512_dpbusd_epi32(z, q[j], _mm512_permutexvar_epi32(spread[j], xw));
           }
+          dot[r] = _mm512_add_epi32(dot[r], _mm512_mullo_epi32(z, sc));
         }
       }
     }
@@ -189,8 +194,10 @@ LEVER_VNNI void q6_k_r8_vnni_tile(const uint8_t* w, const uint8_t* x, size_t x_s
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 1536 + 16 * p)));
         offs = pair_dot(offs, pair, bs + 4 * p);
       }
+      const __m256i dot8 = _mm256_add_epi32(_mm512_castsi512_si256(dot[r]),
+                                            _mm512_extracti64x4_epi64(dot[r], 1));
       acc[r] = scaled_update(acc[r], vd, block_bytes::load_f32(xb[r] + kActD),
-                             _mm256_sub_epi32(dot[r], _mm256_slli_epi32(offs, 5)));
+                             _mm256_sub_epi32(dot8, _mm256_slli_epi32(offs, 5)));
     }
   }
   for (int r = 0; r < NX; ++r) _mm256_storeu_ps(out + r * out_stride, acc[r]);
