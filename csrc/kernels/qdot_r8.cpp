@@ -344,6 +344,9 @@ DotGroupFn dot_group_kernel(int type, Isa isa) {
   if (isa == Isa::kAvx2) return avx2_group_kernel(type);
   if (isa == Isa::kAvx512) return r8::avx512_group_kernel(type);
 #endif
+#if defined(__aarch64__)
+  if (isa == Isa::kDotprod || isa == Isa::kI8mm) return r8::dotprod_group_kernel(type);
+#endif
   switch (isa) {
     case Isa::kScalar: return fallback_for<Isa::kScalar>(type);
     case Isa::kNeon: return fallback_for<Isa::kNeon>(type);

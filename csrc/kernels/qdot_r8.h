@@ -24,10 +24,61 @@ using DotGroupFn = void (*)(const uint8_t* w, const uint8_t* x, size_t x_stride,
                             size_t n_blocks, float* out, size_t out_stride);
 
 // The group kernel for repacked `type` and `isa` (kAuto = best_isa()): the
-// AVX2 one for kAvx2, the AVX-512 VNNI one for kAvx512, otherwise one
+// AVX2 one for kAvx2, the AVX-512 VNNI one for kAvx512, the sdot one for
+// kDotprod and kI8mm (aarch64), otherwise (kScalar, kNeon) one
 // that restores each group-block to the original layout and runs the isa's
 // row kernel (the same results, slower). nullptr for a type that is not
 // repacked or an Isa that is not available.
 DotGroupFn dot_group_kernel(int type, Isa isa);
 
+// Internal to the group kernels (qdot_r8*.cpp).
+namespace r8 {
+
+// Byte offsets inside the activation blocks (qdot.h).
+constexpr size_t kActBytes = sizeof(ActQ8K);
+constexpr size_t kActD = offsetof(ActQ8K, d);
+constexpr size_t kActQs = offsetof(ActQ8K, qs);
+constexpr size_t kActBsums = offsetof(ActQ8K, bsums);
+constexpr size_t kAct32Bytes = sizeof(ActQ8_32);
+constexpr size_t kAct32D = offsetof(ActQ8_32, d);
+constexpr size_t kAct32Sum = offsetof(ActQ8_32, sum);
+constexpr size_t kAct32Qs = offsetof(ActQ8_32, qs);
+
+// Bytes of one group-block (8 rows' blocks).
+constexpr size_t kQ4KGroupBlock = 8 * 144;
+constexpr size_t kQ6KGroupBlock = 8 * 210;
+constexpr size_t kQ8_0GroupBlock = 8 * 34;
+
+// The 4-bit block types: group-block bytes, where the qs words start, the
+// offset subtracted from q (times x.sum), a 5th bit (Q5_0), an fp16 min (Q4_1).
+struct Q4_0R8 { static constexpr size_t kGroupBlock = 144, kQs = 16; static constexpr int kOffset = 8; static constexpr bool kHighBit = false, kMin = false; };
+struct Q5_0R8 { static constexpr size_t kGroupBlock = 176, kQs = 48; static constexpr int kOffset = 16; static constexpr bool kHighBit = true, kMin = false; };
+struct Q4_1R8 { static constexpr size_t kGroupBlock = 160, kQs = 32; static constexpr int kOffset = 0; static constexpr bool kHighBit = false, kMin = true; };
+
+// A tile kernel for a fixed number of activation rows:
+// (w, x, x_stride, n_blocks, out, out_stride).
+using TileFn = void (*)(const uint8_t*, const uint8_t*, size_t, size_t, float*, size_t);
+
+// Any n_x: full tiles of sizeof...(Tiles) activation rows, then one tile for
+// the remainder; the i-th function of Tiles handles i + 1 rows.
+template <TileFn... Tiles>
+inline void run_group(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
+                      size_t n_blocks, float* out, size_t out_stride) {
+  constexpr int kTile = sizeof...(Tiles);
+  constexpr TileFn kFns[] = {Tiles...};
+  int r0 = 0;
+  for (; r0 + kTile <= n_x; r0 += kTile) {
+    kFns[kTile - 1](w, x + r0 * x_stride, x_stride, n_blocks, out + r0 * out_stride, out_stride);
+  }
+  if (n_x > r0) {
+    kFns[n_x - r0 - 1](w, x + r0 * x_stride, x_stride, n_blocks, out + r0 * out_stride,
+                       out_stride);
+  }
+}
+
+// The aarch64 dotprod (sdot) group kernel of repacked `type`
+// (qdot_r8_neon.cpp, aarch64 builds only); nullptr for a type that is not repacked.
+DotGroupFn dotprod_group_kernel(int type);
+
+}  // namespace r8
 }  // namespace lever
