@@ -284,40 +284,17 @@ LEVER_AVX2 void nibbles_r8_avx2_tile(const uint8_t* w, const uint8_t* x, size_t 
 }
 
 // Any n_x, 4 activation rows per pass over a group's weights.
-void q4_k_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-                  float* out, size_t out_stride) {
-  run_group<q4_k_r8_avx2_tile<1>, q4_k_r8_avx2_tile<2>, q4_k_r8_avx2_tile<3>, q4_k_r8_avx2_tile<4>>(
-      w, x, x_stride, n_x, n_blocks, out, out_stride);
-}
-void q6_k_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-                  float* out, size_t out_stride) {
-  run_group<q6_k_r8_avx2_tile<1>, q6_k_r8_avx2_tile<2>, q6_k_r8_avx2_tile<3>, q6_k_r8_avx2_tile<4>>(
-      w, x, x_stride, n_x, n_blocks, out, out_stride);
-}
-void q8_0_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-                  float* out, size_t out_stride) {
-  run_group<q8_0_r8_avx2_tile<1>, q8_0_r8_avx2_tile<2>, q8_0_r8_avx2_tile<3>, q8_0_r8_avx2_tile<4>>(
-      w, x, x_stride, n_x, n_blocks, out, out_stride);
-}
-template <class T>
-void nibbles_r8_avx2(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-                     float* out, size_t out_stride) {
-  run_group<nibbles_r8_avx2_tile<T, 1>, nibbles_r8_avx2_tile<T, 2>, nibbles_r8_avx2_tile<T, 3>,
-            nibbles_r8_avx2_tile<T, 4>>(w, x, x_stride, n_x, n_blocks, out, out_stride);
-}
+template <int NX> struct Q4KTile { static constexpr TileFn fn = q4_k_r8_avx2_tile<NX>; };
+template <int NX> struct Q6KTile { static constexpr TileFn fn = q6_k_r8_avx2_tile<NX>; };
+template <int NX> struct Q8_0Tile { static constexpr TileFn fn = q8_0_r8_avx2_tile<NX>; };
+template <int NX> struct Q5_0Tile { static constexpr TileFn fn = nibbles_r8_avx2_tile<Q5_0R8, NX>; };
+template <int NX> struct Q4_0Tile { static constexpr TileFn fn = nibbles_r8_avx2_tile<Q4_0R8, NX>; };
+template <int NX> struct Q4_1Tile { static constexpr TileFn fn = nibbles_r8_avx2_tile<Q4_1R8, NX>; };
 #endif  // __x86_64__
 
 #if defined(__x86_64__)
 DotGroupFn avx2_group_kernel(int type) {
-  switch (type) {
-    case kTypeQ4_K_R8: return q4_k_r8_avx2;
-    case kTypeQ6_K_R8: return q6_k_r8_avx2;
-    case kTypeQ8_0_R8: return q8_0_r8_avx2;
-    case kTypeQ5_0_R8: return nibbles_r8_avx2<Q5_0R8>;
-    case kTypeQ4_0_R8: return nibbles_r8_avx2<Q4_0R8>;
-    case kTypeQ4_1_R8: return nibbles_r8_avx2<Q4_1R8>;
-    default: return nullptr;
-  }
+  return group_kernel_of<4, Q4KTile, Q6KTile, Q8_0Tile, Q5_0Tile, Q4_0Tile, Q4_1Tile>(type);
 }
 #endif
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/qdot.h"
+#include "kernels/repack.h"
 
 namespace lever {
 
@@ -73,6 +74,36 @@ inline void run_group(const uint8_t* w, const uint8_t* x, size_t x_stride, int n
   if (n_x > r0) {
     kFns[n_x - r0 - 1](w, x + r0 * x_stride, x_stride, n_blocks, out + r0 * out_stride,
                        out_stride);
+  }
+}
+
+// The group kernel of repacked `type` from one tile template per type (Tile<n>::fn
+// handles n activation rows), taking kTile activation rows per pass: a
+// DotGroupFn for Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1; nullptr for another type.
+template <int kTile, template <int> class Tile>
+void rows_in_tiles(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
+                   float* out, size_t out_stride) {
+  static_assert(kTile == 4 || kTile == 8, "the tile heights the kernels use");
+  if constexpr (kTile == 4) {
+    run_group<Tile<1>::fn, Tile<2>::fn, Tile<3>::fn, Tile<4>::fn>(w, x, x_stride, n_x, n_blocks,
+                                                                  out, out_stride);
+  } else {
+    run_group<Tile<1>::fn, Tile<2>::fn, Tile<3>::fn, Tile<4>::fn, Tile<5>::fn, Tile<6>::fn,
+              Tile<7>::fn, Tile<8>::fn>(w, x, x_stride, n_x, n_blocks, out, out_stride);
+  }
+}
+
+template <int kTile, template <int> class Q4K, template <int> class Q6K, template <int> class Q8_0,
+          template <int> class Q5_0, template <int> class Q4_0, template <int> class Q4_1>
+DotGroupFn group_kernel_of(int type) {
+  switch (type) {
+    case kTypeQ4_K_R8: return rows_in_tiles<kTile, Q4K>;
+    case kTypeQ6_K_R8: return rows_in_tiles<kTile, Q6K>;
+    case kTypeQ8_0_R8: return rows_in_tiles<kTile, Q8_0>;
+    case kTypeQ5_0_R8: return rows_in_tiles<kTile, Q5_0>;
+    case kTypeQ4_0_R8: return rows_in_tiles<kTile, Q4_0>;
+    case kTypeQ4_1_R8: return rows_in_tiles<kTile, Q4_1>;
+    default: return nullptr;
   }
 }
 

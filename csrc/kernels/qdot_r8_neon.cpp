@@ -251,11 +251,11 @@ LEVER_DOTPROD void nibbles_tile(const uint8_t* w, const uint8_t* x, size_t x_str
     const uint8_t* g = w + b * T::kGroupBlock;
     for (int h = 0; h < 2; ++h) {
       int8x16_t lo[4], hi[4];  // elements 4t .. 4t+3 / 16 + 4t .. of rows 4h .. 4h+3
+      const uint32x4_t qh = vld1q_u32(reinterpret_cast<const uint32_t*>(g + 16) + 4 * h);  // Q5_0 only
       for (int t = 0; t < 4; ++t) {
         uint8x16_t qs = vreinterpretq_u8_s8(word_half(g + T::kQs + 32 * t, h));
         uint8x16_t l = vandq_u8(qs, low4), u = vshrq_n_u8(qs, 4);
         if constexpr (T::kHighBit) {
-          const uint32x4_t qh = vld1q_u32(reinterpret_cast<const uint32_t*>(g + 16) + 4 * h);
           l = vorrq_u8(l, fifth_bits(qh, 4 * t));
           u = vorrq_u8(u, fifth_bits(qh, 16 + 4 * t));
         }
@@ -286,13 +286,6 @@ LEVER_DOTPROD void nibbles_tile(const uint8_t* w, const uint8_t* x, size_t x_str
   }
 }
 
-template <template <int> class Tile>
-void any_rows(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-              float* out, size_t out_stride) {
-  run_group<Tile<1>::fn, Tile<2>::fn, Tile<3>::fn, Tile<4>::fn>(w, x, x_stride, n_x, n_blocks,
-                                                                out, out_stride);
-}
-
 template <int NX> struct Q4K { static constexpr TileFn fn = q4_k_tile<NX>; };
 template <int NX> struct Q6K { static constexpr TileFn fn = q6_k_tile<NX>; };
 template <int NX> struct Q8_0 { static constexpr TileFn fn = q8_0_tile<NX>; };
@@ -303,15 +296,7 @@ template <int NX> struct Q4_1 { static constexpr TileFn fn = nibbles_tile<Q4_1R8
 }  // namespace
 
 DotGroupFn dotprod_group_kernel(int type) {
-  switch (type) {
-    case kTypeQ4_K_R8: return any_rows<Q4K>;
-    case kTypeQ6_K_R8: return any_rows<Q6K>;
-    case kTypeQ8_0_R8: return any_rows<Q8_0>;
-    case kTypeQ5_0_R8: return any_rows<Q5_0>;
-    case kTypeQ4_0_R8: return any_rows<Q4_0>;
-    case kTypeQ4_1_R8: return any_rows<Q4_1>;
-    default: return nullptr;
-  }
+  return group_kernel_of<4, Q4K, Q6K, Q8_0, Q5_0, Q4_0, Q4_1>(type);
 }
 
 }  // namespace r8

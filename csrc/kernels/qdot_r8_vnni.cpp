@@ -186,14 +186,14 @@ LEVER_VNNI void q6_k_r8_vnni_tile(const uint8_t* w, const uint8_t* x, size_t x_s
       }
     }
     const __m256 vd = halves8(g + 1664);
+    __m256i pairs[8];  // int16 (sc[2p], sc[2p+1]) per row lane, for the offsets
+    for (int p = 0; p < 8; ++p) {
+      pairs[p] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 1536 + 16 * p)));
+    }
     for (int r = 0; r < NX; ++r) {
       const uint8_t* bs = xb[r] + kActBsums;
       __m256i offs = _mm256_setzero_si256();
-      for (int p = 0; p < 8; ++p) {
-        const __m256i pair = _mm256_cvtepi8_epi16(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 1536 + 16 * p)));
-        offs = pair_dot(offs, pair, bs + 4 * p);
-      }
+      for (int p = 0; p < 8; ++p) offs = pair_dot(offs, pairs[p], bs + 4 * p);
       const __m256i dot8 = _mm256_add_epi32(_mm512_castsi512_si256(dot[r]),
                                             _mm512_extracti64x4_epi64(dot[r], 1));
       acc[r] = scaled_update(acc[r], vd, block_bytes::load_f32(xb[r] + kActD),
@@ -268,14 +268,6 @@ LEVER_VNNI void nibbles_r8_vnni_tile(const uint8_t* w, const uint8_t* x, size_t 
 }
 
 // Any n_x: kTileRows activation rows per pass over a group's weights.
-template <template <int> class Tile>
-void any_rows(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
-              float* out, size_t out_stride) {
-  static_assert(kTileRows == 8, "eight tile sizes below");
-  run_group<Tile<1>::fn, Tile<2>::fn, Tile<3>::fn, Tile<4>::fn, Tile<5>::fn, Tile<6>::fn,
-            Tile<7>::fn, Tile<8>::fn>(w, x, x_stride, n_x, n_blocks, out, out_stride);
-}
-
 template <int NX> struct Q4K { static constexpr TileFn fn = q4_k_r8_vnni_tile<NX>; };
 template <int NX> struct Q6K { static constexpr TileFn fn = q6_k_r8_vnni_tile<NX>; };
 template <int NX> struct Q8_0 { static constexpr TileFn fn = q8_0_r8_vnni_tile<NX>; };
@@ -286,15 +278,7 @@ template <int NX> struct Q4_1 { static constexpr TileFn fn = nibbles_r8_vnni_til
 }  // namespace
 
 DotGroupFn avx512_group_kernel(int type) {
-  switch (type) {
-    case kTypeQ4_K_R8: return any_rows<Q4K>;
-    case kTypeQ6_K_R8: return any_rows<Q6K>;
-    case kTypeQ8_0_R8: return any_rows<Q8_0>;
-    case kTypeQ5_0_R8: return any_rows<Q5_0>;
-    case kTypeQ4_0_R8: return any_rows<Q4_0>;
-    case kTypeQ4_1_R8: return any_rows<Q4_1>;
-    default: return nullptr;
-  }
+  return group_kernel_of<kTileRows, Q4K, Q6K, Q8_0, Q5_0, Q4_0, Q4_1>(type);
 }
 
 }  // namespace r8
