@@ -322,7 +322,9 @@ DotGroupFn dot_group_kernel(int type, Isa isa) {
   if (isa == Isa::kAvx512) return r8::avx512_group_kernel(type);
 #endif
 #if defined(__aarch64__)
-  if (isa == Isa::kDotprod || isa == Isa::kI8mm) return r8::dotprod_group_kernel(type);
+  if (isa == Isa::kI8mm) return r8::i8mm_group_kernel(type);
+  if (isa == Isa::kDotprod) return r8::dotprod_group_kernel(type);
+  if (isa == Isa::kNeon) return r8::asimd_group_kernel(type);
 #endif
   switch (isa) {
     case Isa::kScalar: return fallback_for<Isa::kScalar>(type);

@@ -24,12 +24,12 @@ namespace lever {
 using DotGroupFn = void (*)(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x,
                             size_t n_blocks, float* out, size_t out_stride);
 
-// The group kernel for repacked `type` and `isa` (kAuto = best_isa()): the
-// AVX2 one for kAvx2, the AVX-512 VNNI one for kAvx512, the sdot one for
-// kDotprod and kI8mm (aarch64), otherwise (kScalar, kNeon) one
-// that restores each group-block to the original layout and runs the isa's
-// row kernel (the same results, slower). nullptr for a type that is not
-// repacked or an Isa that is not available.
+// The group kernel for repacked `type` and `isa` (kAuto = best_isa()): on
+// x86 the AVX2 one for kAvx2 and the AVX-512 VNNI one for kAvx512; on aarch64
+// the smmla one for kI8mm, the sdot one for kDotprod and the plain ASIMD one
+// for kNeon; for kScalar one that restores each group-block to the original
+// layout and runs the scalar row kernel (the reference). nullptr for a type
+// that is not repacked or an Isa that is not available.
 DotGroupFn dot_group_kernel(int type, Isa isa);
 
 // Internal to the group kernels (qdot_r8*.cpp).
@@ -80,6 +80,10 @@ inline void run_group(const uint8_t* w, const uint8_t* x, size_t x_stride, int n
 // The group kernel of repacked `type` from one tile template per type (Tile<n>::fn
 // handles n activation rows), taking kTile activation rows per pass: a
 // DotGroupFn for Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1; nullptr for another type.
+// Each kernel unit keeps its Tile templates in a namespace named after it
+// (r8::sdot, r8::asimd, ...): GCC gives rows_in_tiles<n, Tile> weak linkage
+// even when Tile is in an anonymous namespace, so two units with the same
+// Tile names would share one unit's code.
 template <int kTile, template <int> class Tile>
 void rows_in_tiles(const uint8_t* w, const uint8_t* x, size_t x_stride, int n_x, size_t n_blocks,
                    float* out, size_t out_stride) {
@@ -107,9 +111,12 @@ DotGroupFn group_kernel_of(int type) {
   }
 }
 
-// The aarch64 dotprod (sdot) group kernel of repacked `type`
-// (qdot_r8_neon.cpp, aarch64 builds only); nullptr for a type that is not repacked.
+// The aarch64 group kernels of repacked `type` (aarch64 builds only; nullptr
+// for a type that is not repacked): sdot (qdot_r8_neon.cpp), baseline ASIMD
+// (qdot_r8_asimd.cpp) and smmla (qdot_r8_i8mm.cpp).
 DotGroupFn dotprod_group_kernel(int type);
+DotGroupFn asimd_group_kernel(int type);
+DotGroupFn i8mm_group_kernel(int type);
 
 }  // namespace r8
 }  // namespace lever

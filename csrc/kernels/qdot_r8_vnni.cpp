@@ -38,6 +38,7 @@
 
 namespace lever {
 namespace r8 {
+namespace vnni {  // named: see rows_in_tiles (qdot_r8.h)
 namespace {
 
 constexpr int kTileRows = 8;  // activation rows per pass over a group's weights
@@ -276,9 +277,11 @@ template <int NX> struct Q4_0 { static constexpr TileFn fn = nibbles_r8_vnni_til
 template <int NX> struct Q4_1 { static constexpr TileFn fn = nibbles_r8_vnni_tile<Q4_1R8, NX>; };
 
 }  // namespace
+}  // namespace vnni
 
 DotGroupFn avx512_group_kernel(int type) {
-  return group_kernel_of<kTileRows, Q4K, Q6K, Q8_0, Q5_0, Q4_0, Q4_1>(type);
+  return group_kernel_of<vnni::kTileRows, vnni::Q4K, vnni::Q6K, vnni::Q8_0, vnni::Q5_0, vnni::Q4_0,
+                         vnni::Q4_1>(type);
 }
 
 }  // namespace r8

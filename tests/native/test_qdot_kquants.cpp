@@ -373,6 +373,27 @@ TEST(qdot_repacked_match_scalar_every_isa) {
   NOTE("isas run: " << isa_list(ran));
 }
 
+// Every Isa has its own group kernel for every repacked type: no two Isas
+// share one (a kernel unit's code must not stand in for another's, as it
+// would if the linker merged their tile templates).
+TEST(qdot_repacked_kernel_per_isa) {
+  const int types[] = {lever::kTypeQ4_K_R8, lever::kTypeQ6_K_R8, lever::kTypeQ8_0_R8,
+                       lever::kTypeQ5_0_R8, lever::kTypeQ4_0_R8, lever::kTypeQ4_1_R8};
+  std::vector<Isa> ran;
+  for (int type : types) {
+    std::vector<lever::DotGroupFn> seen;
+    for (Isa isa : lever::kAllIsas) {
+      if (!lever::isa_available(isa)) continue;
+      if (type == types[0]) ran.push_back(isa);
+      const lever::DotGroupFn fn = lever::dot_group_kernel(type, isa);
+      CHECK(fn != nullptr);
+      for (lever::DotGroupFn other : seen) CHECK(fn != other);
+      seen.push_back(fn);
+    }
+  }
+  NOTE("isas: " << isa_list(ran));
+}
+
 TEST(qdot_repacked_rejects_bad_shapes) {
   std::vector<uint8_t> w(7 * 144);
   CHECK(!lever::can_repack(lever::kTypeQ4_K, 7, 256));
