@@ -35,8 +35,8 @@ import numpy as np
 from lever.draft.base import TreeShape
 from lever.draft.model_drafter import ModelDrafter
 from lever.draft.policies import StaticTreePolicy
+from lever.gguf.registry import resolve_model
 from lever.model.loading import load_model
-from lever.model.registry import resolve_model
 from lever.sampling import SamplingParams, position_noise, processed_logits, sample_at
 from lever.verify.rules import verify_greedy, verify_position_draws
 from lever.verify.target_pass import TargetVerifier

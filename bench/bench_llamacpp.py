@@ -46,7 +46,7 @@ from lever.bench_prompts import load_prompts
 from lever.commands.bench_report import machine_info
 from lever.errors import LeverError
 from lever.memory import cgroup
-from lever.store.residency import parse_size
+from lever.values import parse_size
 
 SDIST_VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{SDIST_VERSION}"
@@ -172,7 +172,7 @@ def formatted_prompts(target: Path, prompts: list[dict], chat: bool) -> list[str
     """Each prompt's text as the target sees it (its chat template unless `chat` is False)."""
     if not chat:
         return [p["text"] for p in prompts]
-    from lever.model.gguf_file import GGUFFile
+    from lever.gguf.file import GGUFFile
     from lever.model.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(GGUFFile(target))
     return [tok.format_prompt(p["text"], chat=True) for p in prompts]
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     if cap:
         cgroup.find_controller()                  # fail now, with the reason, not after the first prompt
 
-    from lever.model.registry import resolve_model
+    from lever.gguf.registry import resolve_model
     target, draft = resolve_model(args.target), resolve_model(args.draft)
     prompts = load_prompts(args.prompt_set, args.categories, args.prompts)
     texts = formatted_prompts(target, prompts, chat=not args.raw)

@@ -159,7 +159,7 @@ def main() -> int:
     if args.url:
         raw = run(args.url, args)
     else:
-        from lever.api import cache_root
+        from lever.values import cache_root
         from lever.remote.hf_export import export_hf
         from lever.remote.vllm_server import ENV_PYTHON, INSTALL_HINT, VllmServer, vllm_python
         if args.vllm_python:

@@ -36,9 +36,9 @@ import bench_llamacpp as llamacpp                       # noqa: E402  (the llama
 
 from lever.bench_prompts import load_prompts            # noqa: E402
 from lever.errors import LeverError                     # noqa: E402
+from lever.gguf.registry import resolve_model          # noqa: E402
 from lever.memory import cgroup                         # noqa: E402
-from lever.model.registry import resolve_model          # noqa: E402
-from lever.store.residency import parse_size            # noqa: E402
+from lever.values import parse_size                     # noqa: E402
 
 
 def lever_cmd(args, prompt_file: Path, cap: int | None, model: str | None = None) -> list[str]:

@@ -8,7 +8,7 @@ tree node: its draft probability q, depth, rank, and whether the target
 accepted it), replays the trials through a cold `AcceptanceCalibration`
 (prompt by prompt, iteration by iteration, as a user's run would) and writes
 the result as `<draft>__<target>__<sampling>.json`, keyed by the SHA-256 of
-the two GGUFs (lever.policy.shipped_calibration finds it by those).
+the two GGUFs (lever.mode_lever.shipped_calibration finds it by those).
 
 The trees are grown by the gain-cost policy with the calibration frozen at
 the raw draft probability (a cold start: trees by draft path probability)
@@ -44,9 +44,9 @@ from lever.draft.calibration import AcceptanceCalibration
 from lever.draft.gain_cost import CostCurves, GainCostPolicy
 from lever.engine import SpecConfig
 from lever.files import file_sha256
-from lever.model.registry import find_model
+from lever.gguf.registry import find_model
+from lever.mode_lever import sampling_key, shipped_table_name, SHIPPED_FORMAT
 from lever.sampling import SamplingParams
-from lever.policy import sampling_key, shipped_table_name, SHIPPED_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "python" / "lever" / "data" / "calibration"
@@ -119,7 +119,7 @@ def held_out_ece(trials: dict) -> dict:
     shipped start (`as_prior`): the ECE a user on unseen prompts would see."""
     even = trials["prompt"] % 2 == 0
     fit = replay({k: v[even] for k, v in trials.items()})
-    from lever.policy import SHIPPED_MAX_TRIALS
+    from lever.mode_lever import SHIPPED_MAX_TRIALS
     return replay({k: v[~even] for k, v in trials.items()}, fit.as_prior(SHIPPED_MAX_TRIALS)).calibration_error()
 
 

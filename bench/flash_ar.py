@@ -11,7 +11,7 @@ In one run, on one store file:
 3. the same decoding with the whole target resident in DRAM, for reference:
    the same native decoder over the same store with every extent pinned (a
    budget above the whole store), and with --torch-reference also the torch
-   reference (lever.store.torch_reference.load_store_model: the store
+   reference (lever.model.store_loader.load_store_model: the store
    dequantised to bf16, torch matmuls; the only use of torch here).
 Prints one line per figure, writes JSON and a PNG.
 
@@ -28,15 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-from lever.api import cache_root, store_tokenizer
+from lever.api import store_tokenizer
 from lever.autoregressive import generate_tokens
 from lever.commands import arg_types
+from lever.model.streamed_decoder import StreamedDecoder
 from lever.store.bandwidth import sequential_read
 from lever.store.convert import convert
 from lever.store.flash_reader import drop_page_cache
 from lever.store.manifest import StoreManifest
-from lever.store.residency import parse_size
-from lever.store.streamed import StreamedDecoder
+from lever.values import cache_root, parse_size
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -133,7 +133,7 @@ def main() -> int:
     torch_ref = None
     if args.torch_reference:
         from lever.model.torch_reference import TorchModel
-        from lever.store.torch_reference import load_store_model
+        from lever.model.store_loader import load_store_model
         reference = TorchModel(load_store_model(store, "bfloat16", backend=args.reader))
         generate_tokens(reference, ids, 2)
         t_ref, ref_tokens = per_token_decode(reference, ids, args.new_tokens)

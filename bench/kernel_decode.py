@@ -44,13 +44,13 @@ from pathlib import Path
 
 import numpy as np
 
-import lever
 from lever import _native
-from lever.api import cache_root
 from lever.autoregressive import generate_tokens, prefill
+from lever.gguf.file import GGUFFile
+from lever.gguf.registry import resolve_model
 from lever.masks import causal_mask
-from lever.model.gguf_file import GGUFFile
-from lever.model.registry import resolve_model
+from lever.values import cache_root
+import lever
 from machine import OtherLoad, dram_read_bytes_per_s, weights_per_token
 
 PROMPT = "Write a Python function that checks whether a number is prime."

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_llamacpp as llamacpp  # noqa: E402  (where llama.cpp is built)
 from lever import _native  # noqa: E402
 from lever.cost.identity import machine_identity  # noqa: E402
+from lever.gguf.registry import resolve_model  # noqa: E402
 from lever.model.native_loader import load_gguf_native  # noqa: E402
-from lever.model.registry import resolve_model  # noqa: E402
 
 
 class LeverRows:

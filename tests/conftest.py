@@ -19,7 +19,7 @@ def lever_cache(tmp_path_factory) -> Path:
 
 
 def _resolve(name: str, cache: Path) -> Path:
-    from lever.model.registry import resolve_model
+    from lever.gguf.registry import resolve_model
     return resolve_model(name, cache_dir=cache, progress=False)
 
 

@@ -140,7 +140,7 @@ def test_missing_model_part(capsys, monkeypatch, tmp_path):
     """A registered model one of whose part packages is not installed."""
     import dataclasses
 
-    from lever.model import registry
+    from lever.gguf import registry
     real = registry.KNOWN_MODELS["qwen2.5-coder-0.5b"]
     parts = list(real.parts)
     parts[2] = dataclasses.replace(parts[2], dist="lever-test-absent-part3")

@@ -100,7 +100,7 @@ def test_a_streamed_target_batches_reading_its_layers_once(tmp_path):
     """A flash-streamed target (every layer streamed): the batched pass equals the
     solo passes bitwise and streams the layers once for all its sequences."""
     from lever.store.convert import convert
-    from lever.store.streamed import StreamedDecoder
+    from lever.model.streamed_decoder import StreamedDecoder
     from tiny_model import write_tiny_gguf
     store = convert(str(write_tiny_gguf(tmp_path / "t.gguf", layers=4, hidden=64, ff=128, vocab=64)),
                     tmp_path / "store", progress=False)

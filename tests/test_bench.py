@@ -14,7 +14,8 @@ from lever.commands.bench import parse_mode, parse_modes
 from lever.errors import DramBudgetError, LeverError
 from lever.store.convert import convert
 from lever.store.manifest import StoreManifest
-from lever.store.residency import parse_size, plan_residency
+from lever.store.residency import plan_residency
+from lever.values import parse_size
 from tiny_model import needs_cgroup
 
 pytestmark = pytest.mark.real
@@ -121,13 +122,26 @@ def test_bench_streamed_target(smol_store, tmp_path, capsys):
     assert data["modes"]["tree:8:2:4"]["spec"]["tree"] == {"budget": 8, "topk": 2, "depth": 4}
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "FP32"])
+def test_bench_resident_takes_every_dtype_spelling(smol_store, tmp_path, capsys, dtype):
+    """--resident builds a second decoder of the store: it gets the dtype's one name too."""
+    out = tmp_path / "res"
+    rc = main(["bench", "--target-store", str(smol_store), "--dram-budget", str(minimum_budget(smol_store)),
+               "--draft", "ngram", "--modes", "ar", "--prompts", "1", "--new-tokens", "4", "--resident",
+               "--dtype", dtype, "--out", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads((out / "bench.json").read_text())
+    assert data["config"]["dtype"] == {"bf16": "bfloat16", "FP32": "float32"}[dtype]
+    assert data["resident"]["mismatches"] == 0
+
+
 def test_verify_counts_the_bytes_its_pass_used(smol_store):
     """A verify counts exactly the streamed extents of its own pass (plus its embedding
     reads), wherever the ring's prefetches land: here, with settle() between the calls,
     the next pass's first extents all land outside the measured windows (counting reads
     as they landed lost them: bench's ar was once 64 KiB/token under per_pass)."""
     from lever.sampling import SamplingParams
-    from lever.store.streamed import StreamedDecoder
+    from lever.model.streamed_decoder import StreamedDecoder
     from lever.tree import TokenTree
     from lever.verify.target_pass import TargetVerifier
 

@@ -15,8 +15,8 @@ import pytest
 from lever.draft import calibration as C
 from lever.draft.calibration import AcceptanceCalibration
 from lever.draft.gain_cost import CostCurves, GainCostPolicy
-from lever.model import registry
-from lever.policy import (SHIPPED_FORMAT, SHIPPED_MAX_TRIALS, load_calibration, model_sha256, sampling_key,
+from lever.gguf import registry
+from lever.mode_lever import (SHIPPED_FORMAT, SHIPPED_MAX_TRIALS, load_calibration, model_sha256, sampling_key,
                           save_calibration, shipped_calibration, shipped_tables_dir)
 from lever.sampling import SamplingParams
 

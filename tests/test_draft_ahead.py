@@ -34,10 +34,10 @@ from lever.errors import LeverError
 from lever.masks import causal_mask
 from lever.memory.plan import store_minimum
 from lever.model.native_loader import load_gguf_native
+from lever.model.streamed_decoder import StreamedDecoder
 from lever.sampling import SamplingParams
 from lever.store.convert import convert
 from lever.store.manifest import StoreManifest
-from lever.store.streamed import StreamedDecoder
 from lever.verify.target_pass import TargetVerifier
 from tiny_model import write_tiny_gguf
 

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from lever.errors import ChecksumError, FlashReadError
+from lever.model.streamed_decoder import StreamedDecoder
 from lever.store.convert import convert
 from lever.store.flash_reader import FlashReader, aligned_empty, chunk_checksums
 from lever.store.manifest import WEIGHTS, StoreManifest
 from lever.store.residency import fixed_costs, pass_order, slot_size
-from lever.store.streamed import StreamedDecoder
 from tiny_model import TOKENS, causal, write_tiny_gguf
 
 BACKENDS = ["io_uring", "pread"]

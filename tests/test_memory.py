@@ -9,7 +9,7 @@ from lever.errors import CgroupUnavailableError, DramBudgetError, LeverError, Me
 from lever.memory import cgroup, rss
 from lever.memory.plan import (MIN_MARGIN_BYTES, MemoryPlan, default_margin, gguf_weight_bytes, kv_bytes,
                                store_minimum)
-from lever.model.config import ModelConfig
+from lever.model_config import ModelConfig
 from lever.store.manifest import Extent, StoreManifest, TensorEntry
 from lever.store.residency import plan_residency
 from tiny_model import needs_cgroup
@@ -88,7 +88,7 @@ def test_kv_and_weight_bytes_helpers(tmp_path):
     m = _manifest()
     assert kv_bytes(m.config, 256, 2) == store_minimum(m, kv_tokens=256, dtype_bytes=2)["kv_cache"]
     from tiny_model import write_tiny_gguf
-    from lever.model.gguf_file import GGUFFile
+    from lever.gguf.file import GGUFFile
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     g = GGUFFile(path)
     assert 0 < gguf_weight_bytes(path) == sum(t.nbytes for t in g.tensors.values()) < path.stat().st_size

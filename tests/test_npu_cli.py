@@ -30,9 +30,9 @@ import pytest
 
 from lever.cli import build_parser, main
 from lever.cost.cost_model import CostModel
+from lever.cost.npu_profile import SCHEMA, NpuProfileError, load_npu_profile, parse_npu_profile
 from lever.draft.gain_cost import GainCostPolicy
 from lever.engine import SpecStats, overlap_json
-from lever.npu.npu_profile import SCHEMA, NpuProfileError, load_npu_profile, parse_npu_profile
 from test_grow_tree import Universe
 from tiny_model import write_tiny_gguf
 
@@ -105,11 +105,11 @@ def test_what_a_static_backend_cannot_run_is_refused_before_loading(argv, fragme
 def test_probes_auto_is_off_on_a_static_backend():
     from lever.commands.static_backend import check_backend_args
     args = Namespace(backend="cpu-static", soc=None, npu_profile=None, probes="auto")
-    check_backend_args(args, probes=args.probes)
-    assert args.probes == "off" and args.npu_profile_data is None
+    checks = check_backend_args(args, probes=args.probes)
+    assert checks.probes == "off" and checks.npu_profile is None
+    assert args.probes == "auto"                    # the parsed options are never written
     args = Namespace(backend="native", soc=None, npu_profile=None, probes="auto")
-    check_backend_args(args, probes=args.probes)
-    assert args.probes == "auto"
+    assert check_backend_args(args, probes=args.probes).probes == "auto"
 
 
 def test_draft_ahead_is_the_static_default_with_a_draft_model():
@@ -466,8 +466,8 @@ def test_compile_npu_writes_binaries_a_fresh_process_runs(smollm2_path, tmp_path
     # a fresh process loads the binaries (nothing compiled again) and every node runs on the HTP
     script = f"""
 import numpy as np
-from lever.model.gguf_config import config_from_gguf
-from lever.model.gguf_file import GGUFFile
+from lever.gguf.config import config_from_gguf
+from lever.gguf.file import GGUFFile
 from lever.npu.context import BucketGraphs
 from lever.npu.graph import input_shapes
 cfg = config_from_gguf(GGUFFile({str(smollm2_path)!r}))

@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 from lever.errors import LeverError
-from lever.model.config import ModelConfig
+from lever.model_config import ModelConfig
 from lever.npu import runtime
 from lever.npu.context import META, BucketGraphs, check_meta, context_meta
 from lever.npu.runtime import NpuError, QnnTarget
@@ -32,7 +32,7 @@ CFG = ModelConfig(arch="llama", vocab_size=100, hidden_size=64, intermediate_siz
 RUN_ONE_BUCKET = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from lever.model.config import ModelConfig
+    from lever.model_config import ModelConfig
     from lever.npu.context import BucketGraphs
     from lever.npu.graph import input_shapes
     cfg = ModelConfig(**json.loads(sys.argv[2]))

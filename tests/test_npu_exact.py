@@ -328,8 +328,8 @@ def test_context_beyond_the_largest_bucket_is_refused(tmp_path):
 
 
 def test_graph_inputs_follow_the_model_shape(smollm2_path):
-    from lever.model.gguf_config import config_from_gguf
-    from lever.model.gguf_file import GGUFFile
+    from lever.gguf.config import config_from_gguf
+    from lever.gguf.file import GGUFFile
     cfg = config_from_gguf(GGUFFile(smollm2_path))
     shapes = input_shapes(cfg, 8, 64)
     assert shapes["mask"] == (8, 72) and shapes["past_k"] == (64, cfg.n_kv_heads * cfg.head_dim)
@@ -341,7 +341,7 @@ def test_streamed_store_on_cpu_static_equals_resident(smollm2_path, tmp_path):
     """Layers streamed from a flash store (every layer through the read ring,
     dequantised as each extent arrives) give the resident model's outputs bit for bit."""
     from lever.store.convert import convert
-    from lever.store.streamed import StreamedDecoder
+    from lever.model.streamed_decoder import StreamedDecoder
     from test_store import minimum_budget
     store = convert(str(smollm2_path), tmp_path / "smol", progress=False)
     streamed = StreamedDecoder(store, minimum_budget(store, dtype_bytes=4), "float32")

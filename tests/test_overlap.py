@@ -23,13 +23,13 @@ from lever.cost.cost_model import CostModel, hidden_credit_s, simulate_passes
 from lever.cost.device_profile import DeviceProfile, Stage
 from lever.errors import DramBudgetError
 from lever.memory.plan import MemoryPlan, store_minimum
+from lever.model.streamed_decoder import StreamedDecoder
 from lever.sampling import SamplingParams
 from lever.store.convert import convert
 from lever.store.flash_reader import FlashReader
 from lever.store.manifest import StoreManifest
 from lever.store.residency import (MAX_PREFETCH_DEPTH, MIN_AUTO_DEPTH, parse_prefetch_depth, slot_size,
                                    plan_residency)
-from lever.store.streamed import StreamedDecoder
 from lever.verify.target_pass import TargetVerifier
 from test_grow_tree import Universe, grow, realistic_case
 from test_memory import MiB, _manifest

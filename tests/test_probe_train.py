@@ -361,7 +361,7 @@ def test_record_traces_matches_greedy(toy, tmp_path):
 
 def test_default_layers_and_store_key(toy, tmp_path):
     from lever.store.convert import convert
-    from lever.store.streamed import StreamedDecoder
+    from lever.model.streamed_decoder import StreamedDecoder
 
     assert default_layers(28) == [7, 9, 14, 21] and default_layers(2) == [0] and default_layers(1) == [0]
     tpath, target, _ = toy

@@ -13,10 +13,10 @@ from lever.cost.device_profile import VERSION, DeviceProfile, Stage
 from lever.cost.profile import load_or_measure, measure_profile, profile_key, profile_path
 from lever.errors import ProfileError, ReadLimitError
 from lever.masks import causal_mask
+from lever.model.streamed_decoder import StreamedDecoder
 from lever.model.torch_reference import load_gguf_torch
 from lever.store.flash_reader import DEFAULT_QUEUE_DEPTH
-from lever.store.residency import parse_rate
-from lever.store.streamed import StreamedDecoder
+from lever.values import parse_rate
 from test_store import minimum_budget, smol_store  # noqa: F401  (smol_store is a fixture)
 
 pytestmark = pytest.mark.real

@@ -180,7 +180,7 @@ def test_bf16_in_and_out_and_strided_rows():
 @pytest.mark.real
 def test_real_weights(qwen05_path):
     """Real Q5_0 / Q8_0 / Q4_K / Q6_K matrices (all four occur in the 0.5B GGUF)."""
-    from lever.model.gguf_file import GGUFFile
+    from lever.gguf.file import GGUFFile
     rng = np.random.default_rng(5)
     seen = set()
     g = GGUFFile(qwen05_path)

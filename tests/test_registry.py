@@ -1,4 +1,4 @@
-"""Model registry and multi-part GGUF assembly (lever.model.registry / .assemble).
+"""Model registry and multi-part GGUF assembly (lever.gguf.registry / .assemble).
 
 Most tests use fake models: small GGUFs written with `gguf.GGUFWriter`, split
 into parts, each part installed as a fake distribution (dist-info with
@@ -24,11 +24,10 @@ import pytest
 
 from lever.commands import models as models_cmd
 from lever.errors import MissingPartError, ModelFormatError, UnknownModelError
-from lever.model import assemble as asm
-from lever.model import registry
-from lever.model.gguf_file import gguf_expected_size
-from lever.model.registry import (KNOWN_MODELS, ModelEntry, Part, list_models, models_dir,
-                                  resolve_model)
+from lever.gguf import assemble as asm, registry
+from lever.gguf.file import gguf_expected_size
+from lever.gguf.registry import (KNOWN_MODELS, ModelEntry, Part, list_models, models_dir,
+                                 resolve_model)
 
 INSTALL = "pip install 'lever[fake]'"
 

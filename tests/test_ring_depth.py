@@ -11,9 +11,9 @@ import pytest
 from lever.cost.device_profile import DeviceProfile, Stage
 from lever.cost.ring_depth import MIN_GAIN, choose_depth, derive_profile, flash_bandwidth, tune_ring
 from lever.memory.plan import store_minimum
+from lever.model.streamed_decoder import StreamedDecoder
 from lever.store.manifest import StoreManifest
 from lever.store.residency import plan_residency
-from lever.store.streamed import StreamedDecoder
 from test_memory import MiB, _manifest
 from test_overlap import forward
 from lever.store.convert import convert
@@ -151,7 +151,7 @@ def test_tune_ring_caches_the_derived_profile(six_layer_store, tmp_path, monkeyp
 
 def test_a_failed_replan_is_one_clear_error_and_closes_cleanly(six_layer_store, monkeypatch):
     from lever.errors import StoreError
-    from lever.store import streamed
+    from lever.model import streamed_decoder as streamed
     m = StoreManifest.load(six_layer_store)
     budget = sum(store_minimum(m, dtype_bytes=4, kv_tokens=64).values()) + 3 * max(e.length for e in m.layers)
     model = StreamedDecoder(six_layer_store, budget, "float32", kv_tokens=64)

@@ -21,8 +21,9 @@ import time
 import pytest
 
 from lever.cli import main
+from lever.http.connections import BUSY_BODY
 from lever.commands.serve_verifier import read_server_token
-from lever.remote.protocol import Limits
+from lever.remote.protocol import Limits, ProtocolError, encode
 from lever.remote.server import ServerThread, VerifierServer
 from lever.remote.session import VerifierSession
 from lever.sampling import MIN_TEMPERATURE, MIN_TOP_P
@@ -399,3 +400,10 @@ def test_the_servers_token_file_must_be_long_and_private(tmp_path, capsys):
     good.write_text("x" * 32 + "\n")
     os.chmod(good, 0o600)
     assert read_server_token(str(good)) == "x" * 32
+
+
+def test_the_shared_busy_body_is_the_protocols_error_body():
+    """lever.http's raw 503 (both servers') is the edge-cloud protocol's error body, byte for byte."""
+    expected = ProtocolError(503, "too_many_connections", "this server holds its limit of open connections; "
+                                                          "retry later")
+    assert BUSY_BODY == encode(expected.body())

@@ -12,12 +12,13 @@ from lever.cli import main
 from lever.errors import ChecksumError, DramBudgetError, StoreError
 from lever.model.gguf_loader import load_gguf_model
 from lever.model.native_loader import load_gguf_native
+from lever.model.store_loader import load_store_model
+from lever.model.streamed_decoder import StreamedDecoder
 from lever.store import convert as convert_mod
 from lever.store.convert import convert
 from lever.store.manifest import MANIFEST, WEIGHTS, StoreManifest
-from lever.store.residency import parse_size, plan_residency
-from lever.store.streamed import StreamedDecoder
-from lever.store.torch_reference import load_store_model
+from lever.store.residency import plan_residency
+from lever.values import parse_size
 from tiny_model import causal
 
 pytestmark = pytest.mark.real

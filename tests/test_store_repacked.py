@@ -26,6 +26,8 @@ from lever.errors import ChecksumError, StoreError
 from lever.memory.plan import store_minimum
 from lever.model.decoder import causal_mask
 from lever.model.native_loader import load_gguf_native
+from lever.model.store_loader import load_store_model
+from lever.model.streamed_decoder import StreamedDecoder
 from lever.npu.layers import layer_weights
 from lever.probe.features import head_rows
 from lever.quant import REPACKABLE_TYPES, base_type, in_ggml_layout, is_repacked
@@ -33,8 +35,6 @@ from lever.store.convert import convert
 from lever.store.manifest import FORMAT_VERSION, MANIFEST, WEIGHTS, StoreManifest
 from lever.store.manifest_json import CHECKSUM_FIELD, digest
 from lever.store.residency import plan_residency
-from lever.store.streamed import StreamedDecoder
-from lever.store.torch_reference import load_store_model
 from test_store import minimum_budget
 from tiny_model import TOKENS, causal, lever_error_of, store_logits, write_tiny_gguf
 

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 
 from lever.errors import LeverError, ModelFormatError, UnsupportedModelError
+from lever.gguf.file import GGUFFile
 from lever.model import tokenizer as tokmod
-from lever.model.gguf_file import GGUFFile
 from lever.model.tokenizer import IncrementalDecoder, Tokenizer
 
 

@@ -28,8 +28,8 @@ import sys
 import pytest
 
 from lever.errors import ModelFormatError
-from lever.model import gguf_file
-from lever.model.gguf_file import GGUFFile, LazyArray
+from lever.gguf import file as gguf_file
+from lever.gguf.file import GGUFFile, LazyArray
 from lever.model import tokenizer as tokmod
 from lever.model.tokenizer import Tokenizer
 
@@ -40,7 +40,7 @@ import json, sys
 import lever
 from lever.memory.rss import read_status
 after_import = read_status()["VmHWM"]
-from lever.model.gguf_file import GGUFFile
+from lever.gguf.file import GGUFFile
 from lever.model.tokenizer import Tokenizer
 kind, path, cache = sys.argv[1:4]
 if kind == "gguf":

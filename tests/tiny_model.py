@@ -115,7 +115,7 @@ def native_logits(path) -> np.ndarray:
 def store_logits(store) -> np.ndarray:
     """Float32 logits of TOKENS through a StreamedDecoder over `store` (float32 KV
     cache; budget for everything but the minimum ring: both paths are exercised)."""
-    from lever.store.streamed import StreamedDecoder
+    from lever.model.streamed_decoder import StreamedDecoder
     model = StreamedDecoder(store, 64 << 20, "float32", kv_tokens=64)
     try:
         n = len(TOKENS)

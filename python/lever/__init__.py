@@ -1,6 +1,6 @@
 """Lever: speculative LLM inference for devices whose DRAM cannot hold the model."""
 
-__version__ = "0.1.0"
+from .values import __version__  # noqa: F401 (the one version string; lever.values)
 
 
 def load(*args, **kwargs):

@@ -23,8 +23,8 @@ from typing import Sequence
 import numpy as np
 
 from . import _native
-from .dtypes import dtype_name
 from .errors import UnsupportedModelError
+from .values import dtype_name
 
 __all__ = ["dequantize", "is_supported", "block_size", "type_size", "type_name",
            "supported_types", "quantize_q4_0", "Q4_0", "REPACKABLE_TYPES", "repack_at_load_types",
@@ -43,10 +43,12 @@ def is_supported(qtype: int) -> bool:
 
 
 def type_name(qtype: int) -> str:
-    """Name of a ggml type id ("Q4_K"), or "unknown type <id>"."""
+    """Name of a ggml type id ("Q4_K"; a repacked id "Q4_K_R8"), or "unknown type <id>".
+    (The gguf package is imported here, not with lever.quant: `import lever.api` stays light.)"""
+    base = base_type(qtype)
     try:
         from gguf import GGMLQuantizationType
-        return GGMLQuantizationType(int(qtype)).name
+        return GGMLQuantizationType(base).name + ("_R8" if base != int(qtype) else "")
     except (ImportError, ValueError):
         return f"unknown type {int(qtype)}"
 
@@ -89,7 +91,7 @@ def dequantize(raw: np.ndarray, qtype: int, shape: Sequence[int], dtype: str = "
            must equal the number of elements the bytes encode.
     dtype: "float32" (a float32 array), or "bfloat16" (a uint16 array of the
            bf16 bit patterns: the fp32 values rounded to nearest-even).
-           Aliases as in `lever.dtypes.dtype_name`.
+           Aliases as in `lever.values.dtype_name`.
 
     Raises UnsupportedModelError for a type Lever cannot dequantise and
     ValueError for another dtype or a size mismatch (e.g. truncated data).

@@ -96,7 +96,7 @@ def size(text: str) -> int:
     """A size in bytes: '600MB' (10^6), '1.5GiB' (2^30), '512M' (2^20) or a
     byte count, from 1 byte to MAX_SIZE_BYTES."""
     from ..errors import LeverError
-    from ..store.residency import parse_size
+    from ..values import parse_size
     try:
         value = parse_size(_number_text(text))
     except LeverError as e:
@@ -114,7 +114,7 @@ def read_rate(text: str) -> float:
     """A read-bandwidth cap in bytes/s ('200MB/s', '1.5GiB/s', a number of
     bytes/s): 0 (no cap) or from MIN_READ_RATE to MAX_READ_RATE."""
     from ..errors import LeverError
-    from ..store.residency import parse_rate
+    from ..values import parse_rate
     try:
         value = parse_rate(_number_text(text))
     except LeverError as e:
@@ -214,3 +214,13 @@ def soc_model(text: str) -> str:
         raise argparse.ArgumentTypeError(f"unsupported SoC model {_short(text)}: choose one of "
                                          + ", ".join(f"{k} ({v[0]}, HTP v{v[1]})" for k, v in SOCS.items()))
     return value
+
+
+def dtype(text: str) -> str:
+    """A compute dtype in any spelling lever.values accepts (float32, fp32, f32,
+    bfloat16, bf16; any case) -> its one name, "float32" or "bfloat16"."""
+    from ..values import DTYPE_NAMES
+    name = DTYPE_NAMES.get(text.strip().lower())
+    if name is None:
+        raise argparse.ArgumentTypeError(f"expected a compute dtype ({', '.join(DTYPE_NAMES)}), got {_short(text)}")
+    return name

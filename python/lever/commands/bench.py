@@ -35,8 +35,8 @@ from .bench_modes import MODE_HELP, TREE_DEPTH, TREE_TOPK, BenchMode, parse_mode
 from .bench_report import machine_info
 from .bench_setup import FULL, QUICK
 from .limits import MAX_BENCH_PROMPTS, MAX_NEW_TOKENS
-from .options import (add_backend_options, add_cache_dir, add_draft_head, add_dram_budget, add_reader_options,
-                      add_sampling_options, add_target_choice)
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft_head, add_dram_budget,
+                      add_reader_options, add_sampling_options, add_target_choice)
 
 # parse_mode, parse_modes, BenchMode and machine_info are part of this module's API (bench/bench_remote.py)
 __all__ = ["add_parser", "add_arguments", "run", "BenchMode", "parse_mode", "parse_modes", "machine_info"]
@@ -83,11 +83,7 @@ def add_arguments(p) -> None:
     p.add_argument("--new-tokens", type=arg_types.integer(1, MAX_NEW_TOKENS), default=None, metavar="N",
                    help=f"tokens generated per prompt (default {FULL['new_tokens']})")
     add_sampling_options(p, top=False, seed_default=0)    # temperature 0: modes are checked against ar
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
-    p.add_argument("--kernels", default="native", choices=["native", "torch"],
-                   help="native: the native decoder, quantised matrices stay quantised and Lever's kernels "
-                        "multiply them (default); torch: the torch reference, weights dequantised to --dtype, "
-                        "torch matmul (needs lever[torch]; in-memory targets only)")
+    add_compute_options(p)
     add_reader_options(p)
     p.add_argument("--drop-caches", action="store_true",
                    help="drop the OS page cache once before the first timed run (needs root; reported)")
@@ -129,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, cleanup: list) -> int:
     """Set up, run every mode on every prompt, check against ar, report."""
-    from ..policy import save_calibration
+    from ..mode_lever import save_calibration
     from .bench_aggregate import summarize
     from .bench_plot import plot
     from .bench_report import (io_share_label, print_ahead, print_backend, print_checks, print_header, print_lever,

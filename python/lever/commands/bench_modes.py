@@ -91,7 +91,7 @@ def parse_base_mode(text: str) -> BenchMode:
     if kind == "ar" and not values:
         return BenchMode("ar", SpecConfig("ar"))
     if kind == LEVER and len(values) <= 1:
-        from ..policy import DEFAULT_MAX_NODES
+        from ..mode_lever import DEFAULT_MAX_NODES
         nodes = values[0] if values else DEFAULT_MAX_NODES
         _check_limits(text, [("draft nodes", nodes, MAX_TREE_NODES)])
         return BenchMode(LEVER if not values else f"{LEVER}:{nodes}", None, lever_nodes=nodes)

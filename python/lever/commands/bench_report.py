@@ -46,7 +46,7 @@ def print_header(args, b, kernels: dict) -> None:
                  f"{reader['huge_page_bytes'] / 2**20:,.0f} of {reader['slot_buffer_bytes'] / 2**20:,.0f} MiB "
                  f"of slots on huge pages)"
                  if b.streamed else " (in memory)")
-              + f" draft={args.draft if b.needs_draft else '-'} dtype={args.dtype}"
+              + f" draft={args.draft if b.needs_draft else '-'} dtype={b.run.config.target.dtype}"
               + f" kernels={kernels['mode']} ({kernels['isa']}"
               + (f"; draft weights {kernels['draft_resident_weight_bytes'] / 2**20:,.0f} MiB in DRAM"
                  if "draft_resident_weight_bytes" in kernels else "") + ")")
@@ -218,10 +218,10 @@ def result_document(args, b, kernels: dict, aggregates: dict, resident_agg: dict
                    "new_tokens": b.new_tokens, "ignore_eos": args.ignore_eos,
                    "temperature": args.temperature, "seed": args.seed, "raw_read_bytes_per_s": b.raw_read_bps,
                    "raw_read_extent_bytes": sweep_extent(b.memory) if b.streamed else None,
-                   "dtype": args.dtype, "reader": args.reader, "read_queue_depth": args.read_queue_depth,
+                   "dtype": b.run.config.target.dtype, "reader": args.reader, "read_queue_depth": args.read_queue_depth,
                    "prefetch_depth": args.prefetch_depth,
                    "drop_caches": args.drop_caches, "page_cache": b.page_cache, "quick": args.quick,
-                   "kernels": kernels, "probes": args.probes, "io_setting": io_share_label(b),
+                   "kernels": kernels, "probes": b.probes, "io_setting": io_share_label(b),
                    "chat_template": True},
         "machine": machine_info(),
         "target": ({"store": str(b.store), "storage": m.storage, "weight_layout": m.weight_layout,

@@ -12,13 +12,15 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import LeverError, StoreError
+from ..config import DecodeConfig, RunConfig
+from ..errors import LeverError
+from ..runtime import PROMPT_ALLOWANCE, build, kv_tokens
+from ..model.streamed_decoder import StreamedDecoder
 from .bench_modes import LEVER, BenchMode, parse_modes, with_probe_twins
 
 QUICK = dict(prompts=2, new_tokens=16, modes=["ar", "chain:4", "tree:16"])
 FULL = dict(prompts=10, new_tokens=64, modes=["ar", "chain:4", "chain:6", "chain:8", "tree:16", "tree:32", "tree:64"])
 EVERYTHING = 1 << 62                 # bytes: a DRAM budget that pins every extent of a store
-PROMPT_ALLOWANCE = 1024              # tokens: the prompt length budgeted for an in-memory target's KV
 
 
 @dataclass
@@ -50,6 +52,9 @@ class BenchSetup:
     probe_twins: set = field(default_factory=set)   # +probes modes added by --probes on|auto
     layers: object = None            # the target's static-shape layer runner (--backend cpu-static|qnn), else None
     ahead_added: bool = False        # drafting modes turned +ahead (the static backends' default)
+    probes: str = "auto"             # --probes after the backend's checks (auto is off on a static backend)
+    npu_profile: object = None       # the --npu-profile read (lever.npu.npu_profile.NpuProfile), else None
+    run: object = None               # lever.runtime.Run: the assembled target, drafter, memory plan
 
     @property
     def target(self):
@@ -89,12 +94,12 @@ def plan_bench(args) -> BenchSetup:
 
     from .static_backend import check_backend_args
 
-    check_backend_args(args, kernels=args.kernels, probes=args.probes)
+    checks = check_backend_args(args, kernels=args.kernels, probes=args.probes)
     n_prompts, new_tokens = counts(args)
     modes, ar_added = parse_modes(mode_texts(args), add_ar=not args.no_ar_reference)
     modes, ahead_added = with_static_defaults(args, modes)
     asked = {m.label for m in modes}
-    if args.probes != "off":
+    if checks.probes != "off":
         modes = with_probe_twins(modes)        # --probes auto drops them again without a worthwhile probe
     check_options(args, modes)
     try:
@@ -105,7 +110,7 @@ def plan_bench(args) -> BenchSetup:
     out_dir = Path(args.out) if args.out else default_out_dir()
     return BenchSetup(prompts, new_tokens, modes, ar_added, params, out_dir,
                       probe_twins={m.label for m in modes} - asked,
-                      ahead_added=bool(ahead_added))
+                      ahead_added=bool(ahead_added), probes=checks.probes, npu_profile=checks.npu_profile)
 
 
 def with_static_defaults(args, modes: list[BenchMode]) -> tuple[list[BenchMode], list[BenchMode]]:
@@ -156,33 +161,24 @@ def check_options(args, modes: list[BenchMode]) -> None:
 
 def load_target(args, b: BenchSetup, cleanup: list) -> None:
     """Plan the memory (after the store's tokenizer, part of the measured
-    baseline), then load the target, and the resident reference with --resident."""
-    from .memory_limit import plan_memory
-
+    baseline), then load the target, and the resident reference with --resident.
+    KV rows: the longest prompt (an in-memory target: PROMPT_ALLOWANCE) + the
+    new tokens + a pass's draft rows, at most the store's context."""
     t0 = time.perf_counter()
-    sampling = not b.params.greedy
-    if args.target_store:
-        from ..api import load_store, store_tokenizer
-        b.store, b.target_name = Path(args.target_store), str(args.target_store)
-        b.manifest = _manifest(b.store)
-        tok = store_tokenizer(b.store, args.cache_dir)
-        b.ids = [tok.encode(tok.format_prompt(p["text"], chat=True)) for p in b.prompts]
-        # what the longest run needs, at most the context (a longer run is refused by the context check)
-        b.kv_tokens = min(b.manifest.config.max_context, max(map(len, b.ids)) + b.new_tokens + b.max_draft + 2)
-        b.memory = plan_memory(args, target_store=args.target_store, draft=_draft_arg(args, b),
-                               kv_tokens=b.kv_tokens, tree_rows=b.tree_rows, sampling=sampling)
-        b.budget = args.dram_budget
-        b.loaded = load_store(b.store, b.budget, dtype=args.dtype, backend=args.reader,
-                              prefetch_depth=args.prefetch_depth, kv_tokens=b.kv_tokens, cache_dir=args.cache_dir,
-                              max_read_bytes_per_s=args.read_limit, tokenizer=tok, queue_depth=args.read_queue_depth)
-    else:
-        from ..api import DEFAULT_MODEL, load
-        b.target_name = args.target or DEFAULT_MODEL
-        b.kv_tokens = PROMPT_ALLOWANCE + b.new_tokens + b.max_draft + 2
-        b.memory = plan_memory(args, target_name=b.target_name, draft=_draft_arg(args, b), kv_tokens=b.kv_tokens,
-                               tree_rows=b.tree_rows, sampling=sampling)
-        b.loaded = load(b.target_name, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
-                        kernels=args.kernels)
+    config = RunConfig.from_args(args, draft=args.draft if b.needs_draft else None)
+    extra = b.max_draft + 2
+
+    def kv(tokenizer, context):
+        if tokenizer is None:                 # in memory: the prompts are encoded once it is loaded
+            return kv_tokens(prompt_tokens=PROMPT_ALLOWANCE, new_tokens=b.new_tokens, extra=extra)
+        b.ids = [tokenizer.encode(tokenizer.format_prompt(p["text"], chat=True)) for p in b.prompts]
+        return kv_tokens(prompt_tokens=max(map(len, b.ids)), new_tokens=b.new_tokens, extra=extra, context=context)
+
+    b.run = build(config, tree_rows=b.tree_rows, sampling=not b.params.greedy, kv=kv, load_draft=False)
+    b.loaded, b.memory, b.kv_tokens = b.run.loaded, b.run.memory, b.run.kv_tokens
+    b.target_name, b.store, b.manifest, b.budget = config.target.name, config.target.store, b.run.manifest, \
+        b.run.dram_budget
+    if not config.target.streamed:
         b.ids = [b.loaded.prompt_ids(p["text"]) for p in b.prompts]
     if b.streamed:
         cleanup.append(b.target.close)          # the reader's threads and file descriptors
@@ -190,55 +186,33 @@ def load_target(args, b: BenchSetup, cleanup: list) -> None:
     b.layers = apply_backend(args, b.target)  # None on the native backend
     b.load_s = time.perf_counter() - t0
     if args.resident and b.streamed:          # the same store with every extent pinned in DRAM
-        from ..store.streamed import StreamedDecoder
-        b.resident = StreamedDecoder(b.store, EVERYTHING, args.dtype, backend=args.reader, kv_tokens=b.kv_tokens)
+        b.resident = StreamedDecoder(b.store, EVERYTHING, config.target.dtype, backend=config.reader.backend,
+                                     kv_tokens=b.kv_tokens, manifest=b.manifest)
         cleanup.append(b.resident.close)
         apply_backend(args, b.resident)       # the reference runs its layers where the target does
 
 
-def _manifest(store: Path):
-    from ..store.manifest import StoreManifest
-    try:
-        return StoreManifest.load(store)
-    except StoreError as e:
-        raise StoreError(f"--target-store: {e} (make one with `lever convert MODEL --out DIR`)") from None
-
-
-def _draft_arg(args, b: BenchSetup) -> str | None:
-    """The draft model the plan sizes: --draft when a mode drafts, else none."""
-    return args.draft if b.needs_draft else None
-
-
 def load_draft(args, b: BenchSetup) -> None:
     """The drafter (when a mode drafts), the stop ids, and one lever policy per lever mode."""
-    from ..api import make_drafter
     from ..engine import SpecConfig
 
-    b.drafter = (make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels, head=args.draft_head)
-                 if b.needs_draft else None)
+    if b.needs_draft:
+        b.run.load_draft()
+    b.drafter = b.run.drafter
     b.stop_ids = frozenset() if args.ignore_eos else b.loaded.tokenizer.eos_token_ids
-    from ..probe.choice import probe_forecast, probe_pruner, pruning_pays
-    if b.probe_twins and args.probes == "auto" and probe_pruner(b.target, "auto", b.loaded.path,
-                                                                 args.cache_dir) is None:
+    if b.probe_twins and b.probes == "auto" and b.run.pruner("auto") is None:
         print("lever bench: --probes auto: no probe worth running for this target; running without the "
               "+probes twins", file=sys.stderr)
         b.modes = [m for m in b.modes if m.label not in b.probe_twins]
+    decode = DecodeConfig(sampling=b.params)
     for i, m in enumerate(b.modes):
-        pruner = probe_pruner(b.target, "on", b.loaded.path, args.cache_dir) if m.probes else None
+        pruner = b.run.pruner("on") if m.probes else None
         if pruner is not None and not m.lever_nodes:
             b.modes[i] = m = replace(m, spec=replace(m.spec, pruner=pruner))
         if m.lever_nodes:
-            from ..policy import lever_policy
-            policy = lever_policy(b.target, b.drafter, target_id=b.loaded.path, kernels=args.kernels,
-                                  reader=args.reader, read_limit_bytes_per_s=args.read_limit if b.streamed else 0.0,
-                                  dtype=args.dtype, params=b.params, cache_dir=args.cache_dir,
-                                  max_nodes=m.lever_nodes, tune_ring=b.streamed and args.prefetch_depth == "auto",
-                                  progress=not args.no_progress, pruning=probe_forecast(pruner),
-                                  npu_profile=args.npu_profile_data,
-                                  context_tokens=max(map(len, b.ids)) + b.new_tokens)
+            policy = b.run.lever_policy(decode, max_nodes=m.lever_nodes, pruner=pruner, npu_profile=b.npu_profile,
+                                        context_tokens=max(map(len, b.ids)) + b.new_tokens)
             b.policies.append(policy)
-            if pruner is not None:                 # score a pass only where pruning pays (its cost model)
-                pruner.pays = pruning_pays(policy.cost, pruner)
             b.modes[i] = replace(m, spec=SpecConfig(LEVER, policy=policy, draft_ahead=m.draft_ahead, pruner=pruner))
     b.calibration_start = [p.calibration.observations for p in b.policies]
 

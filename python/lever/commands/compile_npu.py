@@ -40,13 +40,14 @@ def add_parser(subparsers) -> None:
 
 def target_config(args):
     """The target's ModelConfig (a store's manifest, or a GGUF's metadata: no weights are loaded)."""
-    from ..api import DEFAULT_MODEL, cache_root
+    from ..api import DEFAULT_MODEL
+    from ..values import cache_root
     if args.target_store:
         from ..store.manifest import StoreManifest
         return StoreManifest.load(args.target_store).config
-    from ..model.gguf_config import config_from_gguf
-    from ..model.gguf_file import GGUFFile
-    from ..model.registry import resolve_model
+    from ..gguf.config import config_from_gguf
+    from ..gguf.file import GGUFFile
+    from ..gguf.registry import resolve_model
     path = resolve_model(args.target or DEFAULT_MODEL, cache_dir=cache_root(args.cache_dir),
                          progress=not args.no_progress)
     if not Path(path).is_file():

@@ -6,13 +6,16 @@ import argparse
 import json
 import sys
 
-from ..api import DEFAULT_MODEL, load
+from ..config import DEFAULT_MODEL, DecodeConfig, RunConfig
+from ..engine import SpecConfig
 from ..errors import LeverError
+from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
 from .limits import MAX_CALL_COST_MS, MAX_NEW_TOKENS, MAX_RETRY_DEADLINE_S
-from .options import add_backend_options, add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options, add_spec_options
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_dram_budget, add_reader_options,
+                      add_sampling_options, add_spec_options, add_target_store)
 from ..memory.run_plan import memory_report
-from .memory_limit import plan_memory, print_memory_line
+from .memory_limit import print_memory_line
 from .prompt_input import add_prompt_options, read_prompt
 
 
@@ -26,17 +29,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=arg_types.integer(0, MAX_NEW_TOKENS), default=128, metavar="N",
                    help="tokens to generate at most (default 128)")
     add_sampling_options(p, top=True, seed_default=None)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"],
-                   help="compute dtype (default bfloat16)")
-    p.add_argument("--kernels", default="native", choices=["native", "torch"],
-                   help="native: the native decoder, quantised matrices stay quantised and Lever's kernels "
-                        "multiply them (default); torch: the torch reference, weights dequantised to --dtype, "
-                        "torch matmul (needs lever[torch])")
+    add_compute_options(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     add_cache_dir(p)
     flash = p.add_argument_group("flash-resident target")
-    flash.add_argument("--target-store", type=arg_types.store_dir, default=None, metavar="DIR",
-                       help="stream the target from this store (see `lever convert`) instead of --model")
+    add_target_store(flash)
     add_dram_budget(flash, "the target")
     spec = p.add_argument_group("speculative decoding")
     add_spec_options(spec, "ar: target alone; chain: k drafted tokens; tree: a static token "
@@ -95,93 +92,52 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from .static_backend import (apply_backend, backend_json, backend_line, check_backend_args, draft_ahead_default,
                                  overlap_line)
-    check_backend_args(args, kernels=args.kernels, remote=args.remote, probes=args.probes)
+    checks = check_backend_args(args, kernels=args.kernels, remote=args.remote, probes=args.probes)
     prompt = read_prompt(args)
     if args.remote:
         return run_remote(args, prompt)
     if args.remote_engine != "lever" or args.remote_model or args.vllm_branches != 1:
         raise LeverError("--remote-engine, --remote-model and --vllm-branches need --remote URL")
-    mode = args.mode or default_mode(args.draft, args.target_store)
-    check_mode(mode, args.draft)
-    if args.npu_profile and mode != "lever":
-        raise LeverError(f"--npu-profile sizes the trees of mode lever; this run's mode is {mode}")
-    if args.target_store and args.kernels == "torch":
-        raise LeverError("--kernels torch runs in-memory models only (the torch reference); a --target-store "
-                         "streams on the native decoder")
-    page_cache = None
-    if args.target_store:
-        from ..api import load_store, store_tokenizer
-        from ..store.flash_reader import drop_page_cache
-        kv_tokens = _kv_tokens(args)                                       # loads (checks) the manifest
-        tokenizer = store_tokenizer(args.target_store, args.cache_dir)     # part of the measured baseline
-        memory = plan_memory(args, target_store=args.target_store, draft=args.draft, kv_tokens=kv_tokens,
-                             tree_rows=_tree_rows(args, mode), sampling=args.temperature > 0)
-        if args.drop_caches:
-            page_cache = drop_page_cache()
-        loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
-                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
-                            kv_tokens=kv_tokens, max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer,
-                            queue_depth=args.read_queue_depth)
-    else:
-        memory = plan_memory(args, target_name=args.model, draft=args.draft, kv_tokens=args.max_new_tokens + 1024,
-                             tree_rows=_tree_rows(args, mode), sampling=args.temperature > 0)
-        loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, progress=True,
-                      kernels=args.kernels)
+    config = RunConfig.from_args(args)
+    decode = DecodeConfig.from_args(args, draft=args.draft, streamed=config.target.streamed, probes=checks.probes,
+                                    draft_ahead=args.draft_ahead or draft_ahead_default(args, args.draft))
+    if checks.npu_profile and decode.mode != "lever":
+        raise LeverError(f"--npu-profile sizes the trees of mode lever; this run's mode is {decode.mode}")
+    run = build(config, tree_rows=decode.tree_rows, sampling=not decode.sampling.greedy,
+                kv=kv_rule(new_tokens=max(0, decode.max_new_tokens), floor=MIN_KV_TOKENS,
+                           in_memory=decode.max_new_tokens + PROMPT_ALLOWANCE),
+                drop_caches=args.drop_caches)
+    loaded, drafter = run.loaded, run.drafter
     layers = apply_backend(args, loaded.model)          # None on the native backend
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    drafter, spec, policy, pruner = None, None, None, None
-    if args.draft or mode != "ar":
-        from ..api import make_drafter
-        from ..draft.base import TreeShape
-        from ..engine import SpecConfig
-        try:
-            shape = TreeShape(args.tree_budget, args.tree_topk, args.tree_depth)
-        except ValueError as e:
-            raise LeverError(str(e)) from None
-        if args.draft:
-            drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
-                                   kernels=args.kernels, head=args.draft_head)
-        from ..probe.choice import probe_forecast, probe_pruner, pruning_pays
-        pruner = probe_pruner(loaded.model, args.probes if mode != "ar" else "off", loaded.path, args.cache_dir)
-        if mode == "lever":
-            from ..policy import lever_policy
-            from ..sampling import SamplingParams
-            policy = lever_policy(
-                loaded.model, drafter, target_id=loaded.path, kernels=args.kernels, reader=args.reader,
-                read_limit_bytes_per_s=args.read_limit if args.target_store else 0.0,
-                dtype=args.dtype,
-                params=SamplingParams(args.temperature, args.top_p, args.top_k, args.seed),
-                cache_dir=args.cache_dir, max_nodes=args.lever_max_nodes, max_depth=args.lever_max_depth,
-                topk=args.lever_topk, force_profile=args.reprofile,
-                tune_ring=bool(args.target_store) and args.prefetch_depth == "auto", progress=True,
-                pruning=probe_forecast(pruner), npu_profile=args.npu_profile_data,
-                context_tokens=len(loaded.prompt_ids(prompt, chat=not args.no_chat)) + args.max_new_tokens)
-            if pruner is not None:                 # score a pass only where pruning pays (its cost model)
-                pruner.pays = pruning_pays(policy.cost, pruner)
-        ahead = args.draft_ahead or draft_ahead_default(args, args.draft)
-        spec = SpecConfig(mode, args.draft_len, shape, policy=policy, draft_ahead=ahead, pruner=pruner)
-    completion = loaded.generate(prompt, max_new_tokens=args.max_new_tokens,
-                                 temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                 seed=args.seed, chat=not args.no_chat,
+    spec, policy, pruner = None, None, None
+    if args.draft or decode.mode != "ar":
+        pruner = run.pruner(decode.probes if decode.mode != "ar" else "off")
+        if decode.mode == "lever":
+            context = len(loaded.prompt_ids(prompt, chat=decode.chat)) + decode.max_new_tokens
+            policy = run.lever_policy(decode, context_tokens=context, pruner=pruner, npu_profile=checks.npu_profile)
+        spec = SpecConfig(decode.mode, decode.draft_len, decode.tree, policy=policy, draft_ahead=decode.draft_ahead,
+                          pruner=pruner)
+    p = decode.sampling
+    completion = loaded.generate(prompt, max_new_tokens=decode.max_new_tokens, temperature=p.temperature,
+                                 top_p=p.top_p, top_k=p.top_k, seed=p.seed, chat=decode.chat,
                                  on_text=None if args.json else stream, drafter=drafter, spec=spec)
-    if policy is not None:
-        from ..policy import save_calibration
-        save_calibration(policy)
+    run.save_calibrations()
     if args.json:
         out = completion.to_json()
-        out["model"] = args.target_store or args.model
+        out["model"] = config.target.name
         out["path"] = str(loaded.path)
-        out["dtype"] = args.dtype
-        out["mode"] = mode
+        out["dtype"] = config.target.dtype
+        out["mode"] = decode.mode
         out["draft"] = args.draft
-        out["kernels"] = kernel_info(args.kernels, loaded.model, drafter)
-        if args.target_store:
-            out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), page_cache)
-        out["memory"] = memory_report(memory)
+        out["kernels"] = kernel_info(config.target.kernels, loaded.model, drafter)
+        if config.target.streamed:
+            out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), run.page_cache)
+        out["memory"] = memory_report(run.memory)
         out["probes"] = pruner.stats.to_json() if pruner is not None else None
         out["backend"] = backend_json(args, layers)
         if policy is not None and policy.npu_profile is not None:
@@ -207,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             print(backend_line(backend_json(args, layers), prefix="["), end="]\n", file=sys.stderr)
         if completion.spec is not None and completion.spec.iterations and (layers is not None or spec.draft_ahead):
             print(overlap_line(completion.spec.overlap(), prefix="["), end="]\n", file=sys.stderr)
-        print_memory_line(memory, sys.stderr)
+        print_memory_line(run.memory, sys.stderr)
     return 0
 
 
@@ -281,37 +237,6 @@ def kernel_info(mode: str, model, drafter=None) -> dict:
     if draft_resident is not None:
         info["draft_resident_weight_bytes"] = draft_resident
     return info
-
-
-def check_mode(mode: str, draft: str | None) -> None:
-    """Refuse a local decoding mode that the --draft given cannot serve (before anything loads)."""
-    if mode != "ar" and not draft:
-        raise LeverError(f"--mode {mode} needs --draft (a draft model or 'ngram')")
-    if mode == "lever" and draft == "ngram":
-        raise LeverError("--mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
-                         "draft probabilities to calibrate")
-
-
-def default_mode(draft: str | None, target_store: str | None) -> str:
-    """lever with a draft model and a flash store, tree with another draft, else ar."""
-    if not draft:
-        return "ar"
-    return "lever" if target_store and draft != "ngram" else "tree"
-
-
-def _tree_rows(args, mode: str) -> int:
-    """Rows of the largest target pass the mode makes (root + draft tokens)."""
-    return 1 + {"ar": 0, "chain": args.draft_len, "tree": args.tree_budget, "lever": args.lever_max_nodes}[mode]
-
-
-def _kv_tokens(args) -> int:
-    """KV cache rows to budget for: a generous prompt allowance plus the new
-    tokens, at least 2048 (what `lever profile` assumes, so its cached profile
-    has the same pinned layers and is found), at most the store's context
-    (a longer request is refused by the context check, naming that limit)."""
-    from ..store.manifest import StoreManifest
-    context = StoreManifest.load(args.target_store).config.max_context
-    return min(context, max(2048, 1024 + max(0, args.max_new_tokens)))
 
 
 def flash_stats(report: dict, new_tokens: int, page_cache: str | None) -> dict:

@@ -7,8 +7,8 @@ import json
 import sys
 
 from ..errors import LeverError, UnknownModelError
-from ..model import registry
-from ..model.registry import ModelStatus, ensure_model, find_model, list_models
+from ..gguf import registry
+from ..gguf.registry import ModelStatus, ensure_model, find_model, list_models
 from . import arg_types
 from .options import add_cache_dir
 

@@ -12,20 +12,39 @@ from .limits import (MAX_DRAFT_LEN, MAX_PREFETCH_DEPTH, MAX_READ_QUEUE_DEPTH, MA
 def add_target_choice(p) -> None:
     """--target-store DIR | --target NAME: a streamed or an in-memory target."""
     target = p.add_mutually_exclusive_group()
-    target.add_argument("--target-store", type=arg_types.store_dir, default=None, metavar="DIR",
-                        help="stream the target from this flash store (see `lever convert`)")
+    add_target_store(target, instead_of="--target")
     target.add_argument("--target", type=arg_types.name, default=None, metavar="NAME",
                         help="an in-memory target: registered model name, GGUF file or checkpoint dir "
                              "(default when no --target-store: smollm2-135m)")
 
 
-DEFAULT_DRAM_BUDGET = 600_000_000      # bytes: the target's budget when neither option is given
+def add_target_store(p, instead_of: str = "--model") -> None:
+    """--target-store DIR: stream the target from a flash store instead of `instead_of`."""
+    p.add_argument("--target-store", type=arg_types.store_dir, default=None, metavar="DIR",
+                   help=f"stream the target from this store (see `lever convert`) instead of {instead_of}")
+
+
+KERNELS_HELP = ("native: the native decoder, quantised matrices stay quantised and Lever's kernels multiply them "
+                "(default); torch: the torch reference, weights dequantised to --dtype, torch matmul (needs "
+                "lever[torch]; in-memory targets only)")
+
+
+def add_compute_options(p, *, kernels: bool = True) -> None:
+    """--dtype (any spelling of float32 / bfloat16, parsed to its one name) and
+    (with `kernels`) --kernels native|torch."""
+    p.add_argument("--dtype", type=arg_types.dtype, default="bfloat16", metavar="DTYPE",
+                   help="compute dtype: bfloat16 (bf16, the default) or float32 (fp32, f32): the KV cache's "
+                        "element type on the native decoder, the compute dtype of the torch reference")
+    if kernels:
+        p.add_argument("--kernels", default="native", choices=["native", "torch"], help=KERNELS_HELP)
+
+
 
 
 def add_dram_budget(p, what: str = "the streamed target") -> None:
     """--memory-limit SIZE (the whole process) or --dram-budget SIZE (the
     target only), mutually exclusive, parsed to bytes; neither: --dram-budget
-    600MB (see `commands.memory_limit.plan_memory`)."""
+    600MB (see `lever.runtime.plan_memory`)."""
     group = p.add_mutually_exclusive_group()
     group.add_argument("--memory-limit", type=arg_types.size, default=None, metavar="SIZE",
                        help="one memory limit for the whole process (runtime, draft, target, KV, scratch): "

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ..errors import LeverError
 from . import arg_types
-from .options import add_cache_dir, add_draft_head, add_dram_budget, add_reader_options, add_target_choice
+from .options import (add_cache_dir, add_compute_options, add_draft_head, add_dram_budget, add_reader_options,
+                      add_target_choice)
 
 CORPUS = "calibration_prompts_v1.json"
 REPORT_JSON, REPORT_PNG = "report.json", "report.png"
@@ -63,7 +64,7 @@ def add_record(sub) -> None:
     p.add_argument("--no-hidden", action="store_true",
                    help="do not keep the parents' hidden states (float16; most of the traces' size): lens only")
     add_dram_budget(p)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
+    add_compute_options(p, kernels=False)
     add_reader_options(p)
     add_cache_dir(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -137,51 +138,45 @@ def corpus_prompts(limit: int | None) -> list[dict]:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from ..api import DEFAULT_MODEL, load, load_store, make_drafter
+    from ..config import RunConfig
     from ..draft.base import TreeShape
     from ..engine import SpecConfig
     from ..probe.store import probe_key_for
     from ..probe.traces import default_layers, record_traces
-    from .memory_limit import plan_memory
+    from ..runtime import MIN_KV_TOKENS, build, kv_tokens
 
     if args.draft == "ngram":
         raise LeverError("lever probe record needs a draft model (--draft NAME): prompt lookup ('ngram') has "
                          "no draft probabilities")
-    progress = not args.no_progress
+    config = RunConfig.from_args(args)
+    progress = config.progress
     prompts = corpus_prompts(args.prompts)
     tree = TreeShape(**TREE_SHAPE)
     rows = 1 + max(TREE_SHAPE["budget"], LEVER_MAX_NODES)
-    if args.target_store:
-        from ..api import store_tokenizer
-        from ..store.manifest import StoreManifest
-        manifest = StoreManifest.load(args.target_store)
-        tokenizer = store_tokenizer(args.target_store, args.cache_dir)
-        ids = [tokenizer.encode(tokenizer.format_prompt(p["text"], chat=True)) for p in prompts]
-        kv = min(manifest.config.max_context, max(map(len, ids)) + args.new_tokens + rows + 2)
-        plan_memory(args, target_store=args.target_store, draft=args.draft, kv_tokens=kv, tree_rows=rows,
-                    sampling=False)
-        loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
-                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, kv_tokens=kv,
-                            max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer,
-                            queue_depth=args.read_queue_depth)
-        name = str(args.target_store)
-    else:
-        name = args.target or DEFAULT_MODEL
-        plan_memory(args, target_name=name, draft=args.draft, kv_tokens=2048, tree_rows=rows, sampling=False)
-        loaded = load(name, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress)
+    ids: list[list[int]] = []
+
+    def kv(tokenizer, context):          # a store: the longest prompt + new tokens + a pass; in memory: 2048
+        if tokenizer is None:
+            return MIN_KV_TOKENS
+        ids.extend(tokenizer.encode(tokenizer.format_prompt(p["text"], chat=True)) for p in prompts)
+        return kv_tokens(prompt_tokens=max(map(len, ids)), new_tokens=args.new_tokens, extra=rows + 2,
+                         context=context)
+
+    run = build(config, tree_rows=rows, sampling=False, kv=kv, load_draft=False)
+    loaded, name = run.loaded, config.target.name
+    if not ids:
         ids = [loaded.prompt_ids(p["text"]) for p in prompts]
     target = loaded.model
     try:
-        drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress, head=args.draft_head)
+        run.load_draft()
+        drafter = run.drafter
         specs, profile = {}, None
         if "tree" in args.policies:
             specs["tree"] = SpecConfig("tree", tree=tree)
         if "lever" in args.policies:
-            from ..policy import lever_policy, save_calibration
-            policy = lever_policy(target, drafter, target_id=loaded.path, reader=args.reader,
-                                  read_limit_bytes_per_s=args.read_limit if args.target_store else 0.0,
-                                  dtype=args.dtype, cache_dir=args.cache_dir, max_nodes=LEVER_MAX_NODES,
-                                  progress=progress)
+            from ..config import DecodeConfig
+            policy = run.lever_policy(DecodeConfig(), max_nodes=LEVER_MAX_NODES, context_tokens=MIN_KV_TOKENS,
+                                      tune_ring=False)
             specs["lever"] = SpecConfig("lever", policy=policy)
             profile = getattr(policy.cost, "profile", None)
         layers = args.layers or default_layers(target.config.n_layers)
@@ -190,11 +185,9 @@ def run_record(args: argparse.Namespace) -> int:
                              key=probe_key_for(target, loaded.path), target_name=name, draft_name=args.draft,
                              corpus=f"lever/data/{CORPUS}", stop_ids=loaded.tokenizer.eos_token_ids,
                              profile=profile, progress=progress, keep_hidden=not args.no_hidden)
-        if "lever" in specs:
-            save_calibration(specs["lever"].policy)
+        run.save_calibrations()
     finally:
-        if hasattr(target, "close"):
-            target.close()
+        run.close()
     nodes = sum(p["nodes"] for p in meta["prompts"])
     trees = sum(p["trees"] for p in meta["prompts"])
     print(f"traces: {args.out}: {len(meta['prompts'])} prompts, {trees} trees, {nodes} nodes, "

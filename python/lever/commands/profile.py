@@ -12,8 +12,9 @@ from ..errors import LeverError
 from . import arg_types
 from .limits import MAX_TREE_NODES
 from ..memory.run_plan import memory_report
-from .memory_limit import plan_memory, print_memory_line
-from .options import add_backend_options, add_cache_dir, add_draft_head, add_dram_budget, add_reader_options, add_target_choice
+from .memory_limit import print_memory_line
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft_head, add_dram_budget,
+                      add_reader_options, add_target_choice)
 
 # KV rows a streamed target budgets for, as `lever generate` does for short
 # runs, so the profile sees the residency (pinned layers) of a real run
@@ -43,10 +44,7 @@ def add_parser(subparsers) -> None:
                    help="draft model kept in DRAM (registered name or path); 'ngram' has nothing to measure")
     add_draft_head(p)
     add_dram_budget(p)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
-    p.add_argument("--kernels", default="native", choices=["native", "torch"],
-                   help="native: the native decoder, quantised matrices stay quantised (default); "
-                        "torch: the torch reference, weights dequantised, torch matmul (needs lever[torch])")
+    add_compute_options(p)
     add_reader_options(p)
     p.add_argument("--max-n", type=arg_types.integer(1, MAX_TREE_NODES), default=256, metavar="N",
                    help=f"largest tree (tokens per target pass) to measure, 1..{MAX_TREE_NODES} (default 256; "
@@ -75,63 +73,47 @@ def n_grid_up_to(max_n: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import DEFAULT_MODEL, load, load_store, make_drafter
+    from ..config import RunConfig
     from ..cost.cost_model import CostModel
     from ..cost.profile import DEFAULT_DRAFT_GRID, load_or_measure, profile_key, profile_path
+    from ..runtime import build, kv_rule
     from .static_backend import apply_backend, check_backend_args, is_static
 
-    check_backend_args(args, kernels=args.kernels, probes=args.probes)
+    checks = check_backend_args(args, kernels=args.kernels, probes=args.probes)
     if args.draft == "ngram":
         raise LeverError("lever profile needs a draft model (--draft NAME, e.g. qwen2.5-coder-0.5b): "
                          "'ngram' runs no forward pass, so there is nothing to measure")
     n_grid = n_grid_up_to(args.max_n)
-    read_limit = args.read_limit
-    progress = not args.no_progress
-    if args.target_store and args.kernels == "torch":
-        raise LeverError("--kernels torch runs in-memory models only (the torch reference); a --target-store "
-                         "streams on the native decoder")
-    if args.target_store:
-        from ..api import store_tokenizer
-        from ..store.manifest import StoreManifest
-        StoreManifest.load(args.target_store)                              # a damaged store: its own error first
-        tokenizer = store_tokenizer(args.target_store, args.cache_dir)     # part of the measured baseline
-        memory = plan_memory(args, target_store=args.target_store, draft=args.draft, kv_tokens=PROFILE_KV_TOKENS,
-                             tree_rows=args.max_n, sampling=False)
-        loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
-                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir,
-                            kv_tokens=PROFILE_KV_TOKENS, max_read_bytes_per_s=read_limit, tokenizer=tokenizer,
-                            queue_depth=args.read_queue_depth)
-    else:
-        memory = plan_memory(args, target_name=args.target or DEFAULT_MODEL, draft=args.draft,
-                             kv_tokens=PROFILE_KV_TOKENS, tree_rows=args.max_n, sampling=False)
-        loaded = load(args.target or DEFAULT_MODEL, dtype=args.dtype, cache_dir=args.cache_dir,
-                      progress=progress, kernels=args.kernels)
+    config = RunConfig.from_args(args)
+    progress = config.progress
+    run = build(config, tree_rows=args.max_n, sampling=False,
+                kv=kv_rule(new_tokens=0, prompt_tokens=PROFILE_KV_TOKENS), load_draft=False)
+    memory, loaded = run.memory, run.loaded
     target = loaded.model
     apply_backend(args, target)
     # a static backend measures its row buckets (lever.cost.profile.measure_defaults): a step function
     grid = {} if is_static(args) else {"n_grid": n_grid}
     npu_info = None
     try:
-        draft = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress,
-                             kernels=args.kernels, head=args.draft_head)
-        key = profile_key(target, draft.model, target_id=loaded.path, draft_id=draft.path, kernels=args.kernels,
-                          reader_backend=args.reader, read_limit_bytes_per_s=read_limit,
-                          dtype=args.dtype)
+        run.load_draft()
+        draft = run.drafter
+        key = profile_key(target, draft.model, target_id=loaded.path, draft_id=draft.path,
+                          kernels=config.target.kernels, reader_backend=config.reader.backend,
+                          read_limit_bytes_per_s=config.reader.read_limit, dtype=config.target.dtype)
         def measured():
             return load_or_measure(target, draft.model, key, cache_dir=args.cache_dir, force=args.force,
                                    progress=progress, draft_grid=DEFAULT_DRAFT_GRID, **grid)
 
-        if args.npu_profile_data is not None:
+        if checks.npu_profile is not None:
             from ..cost.measure import printer
-            profile, npu_info = args.npu_profile_data.device_profile(target, PROFILE_KV_TOKENS, host=measured,
-                                                                     say=printer(progress))
+            profile, npu_info = checks.npu_profile.device_profile(target, PROFILE_KV_TOKENS, host=measured,
+                                                                  say=printer(progress))
         else:
             profile = measured()
-        from ..probe.choice import probe_forecast, probe_pruner
-        forecast = probe_forecast(probe_pruner(target, args.probes, loaded.path, args.cache_dir))
+        from ..probe.choice import probe_forecast
+        forecast = probe_forecast(run.pruner(checks.probes))
     finally:
-        if hasattr(target, "close"):
-            target.close()
+        run.close()
     model = CostModel(profile)
     path = profile_path(profile.key, args.cache_dir) if npu_info is None else None
     if args.plot:

@@ -9,16 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..api import DEFAULT_MODEL
+from ..config import DEFAULT_MODEL, DecodeConfig, RunConfig
+from ..engine import SpecConfig
 from ..errors import LeverError
+from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
-from .generate import check_mode, default_mode
 from .limits import MAX_NEW_TOKENS
-from .memory_limit import plan_memory
-from .options import add_cache_dir, add_dram_budget, add_reader_options, add_sampling_options, add_spec_options
-
-PROMPT_ALLOWANCE = 1024        # prompt tokens the KV plan allows beside --max-tokens (as `lever generate`)
-
+from .options import (add_cache_dir, add_compute_options, add_dram_budget, add_reader_options, add_sampling_options,
+                      add_spec_options, add_target_store)
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -53,14 +51,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-connections-per-ip", type=arg_types.integer(1, 1 << 20), default=64, metavar="N",
                    help="open connections at most from one address (default 64)")
     add_sampling_options(p, top=True, seed_default=None)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"],
-                   help="compute dtype (default bfloat16)")
-    p.add_argument("--kernels", default="native", choices=["native", "torch"],
-                   help="native: Lever's decoder and kernels (default); torch: the torch reference")
+    add_compute_options(p)
     add_cache_dir(p)
     flash = p.add_argument_group("flash-resident target")
-    flash.add_argument("--target-store", type=arg_types.store_dir, default=None, metavar="DIR",
-                       help="stream the target from this store (see `lever convert`) instead of --model")
+    add_target_store(flash)
     add_dram_budget(flash, "the target")
     add_reader_options(flash)
     spec = p.add_argument_group("speculative decoding")
@@ -76,87 +70,49 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def build_specs(args: argparse.Namespace, mode: str, loaded):
-    """(drafter, spec_for): the draft and the SpecConfig of each request's
-    sampling (lever.serve.specs), built as `lever generate` builds them."""
-    from ..api import make_drafter
-    from ..draft.base import TreeShape
-    from ..engine import SpecConfig
+def build_specs(run, decode: DecodeConfig):
+    """The SpecConfig of each request's sampling (lever.serve.specs), built as
+    `lever generate` builds them: one mode lever policy per sampling setting."""
     from ..serve.specs import LeverSpecs, fixed_specs
-    try:
-        shape = TreeShape(args.tree_budget, args.tree_topk, args.tree_depth)
-    except ValueError as e:
-        raise LeverError(str(e)) from None
-    drafter = make_drafter(args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
-                           kernels=args.kernels, head=args.draft_head) if args.draft else None
-    base = SpecConfig("tree" if mode == "lever" else mode, args.draft_len, shape, draft_ahead=args.draft_ahead)
-    if mode != "lever":
-        return drafter, fixed_specs(base)
+    base = SpecConfig("tree" if decode.mode == "lever" else decode.mode, decode.draft_len, decode.tree,
+                      draft_ahead=decode.draft_ahead)
+    if decode.mode != "lever":
+        return fixed_specs(base)
 
     def make_policy(params):
-        from ..policy import lever_policy
-        return lever_policy(loaded.model, drafter, target_id=loaded.path, kernels=args.kernels, reader=args.reader,
-                            read_limit_bytes_per_s=args.read_limit if args.target_store else 0.0, dtype=args.dtype,
-                            params=params, cache_dir=args.cache_dir, max_nodes=args.lever_max_nodes,
-                            max_depth=args.lever_max_depth, topk=args.lever_topk,
-                            force_profile=args.reprofile and not specs.policies,
-                            tune_ring=bool(args.target_store) and args.prefetch_depth == "auto" and not specs.policies,
-                            progress=not specs.policies, context_tokens=PROMPT_ALLOWANCE + args.max_tokens)
+        return run.lever_policy(decode, params=params, first=not specs.policies,
+                                context_tokens=PROMPT_ALLOWANCE + decode.max_new_tokens)
 
     specs = LeverSpecs(make_policy, base)
-    return drafter, specs
-
-
-def load_target(args: argparse.Namespace, mode: str):
-    """(LoadedModel, memory plan): the store streamed under --dram-budget or
-    --memory-limit, else the model in DRAM; one sequence's KV cache of
-    --max-tokens plus a prompt allowance is planned."""
-    from ..api import load, load_store, store_tokenizer
-    from ..store.manifest import StoreManifest
-    tree_rows = 1 + {"ar": 0, "chain": args.draft_len, "tree": args.tree_budget, "lever": args.lever_max_nodes}[mode]
-    kv_tokens = max(2048, PROMPT_ALLOWANCE + args.max_tokens)
-    if not args.target_store:
-        memory = plan_memory(args, target_name=args.model, draft=args.draft, kv_tokens=kv_tokens,
-                             tree_rows=tree_rows, sampling=True)
-        return load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels), memory
-    if args.kernels == "torch":
-        raise LeverError("--kernels torch runs in-memory models only; a --target-store streams on the native decoder")
-    kv_tokens = min(kv_tokens, StoreManifest.load(args.target_store).config.max_context)
-    tokenizer = store_tokenizer(args.target_store, args.cache_dir)
-    memory = plan_memory(args, target_store=args.target_store, draft=args.draft, kv_tokens=kv_tokens,
-                         tree_rows=tree_rows, sampling=True)
-    loaded = load_store(args.target_store, args.dram_budget, dtype=args.dtype, backend=args.reader,
-                        prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, kv_tokens=kv_tokens,
-                        max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer, queue_depth=args.read_queue_depth)
-    return loaded, memory
+    return specs
 
 
 def build_server(args: argparse.Namespace, say=lambda line: None):
-    """The OpenAIServer of the command line (the model loaded), and the memory plan."""
-    from pathlib import Path
-
-    from ..sampling import SamplingParams
+    """The OpenAIServer of the command line (the model loaded), and the memory
+    plan.  The KV cache holds one sequence of --max-tokens plus a prompt
+    allowance (at least MIN_KV_TOKENS, at most a store's context)."""
     from ..serve.app import OpenAIServer, ServeLimits
     from ..serve.generation import Generator
     from ..serve.prom import EngineCounters
     from .serve_verifier import read_server_token
 
-    mode = args.mode or default_mode(args.draft, args.target_store)
-    check_mode(mode, args.draft)
+    config = RunConfig.from_args(args)
+    decode = DecodeConfig.from_args(args, draft=args.draft, streamed=config.target.streamed,
+                                    draft_ahead=args.draft_ahead, max_new_tokens=args.max_tokens)
     token = read_server_token(args.token_file) if args.token_file else None
     try:
         limits = ServeLimits(max_queue=args.max_queue, max_tokens=args.max_tokens, max_body_bytes=args.max_body_bytes,
                              header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                              max_connections=args.max_connections,
                              max_connections_per_ip=args.max_connections_per_ip)
-        defaults = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     except ValueError as e:
         raise LeverError(str(e)) from None
-    loaded, memory = load_target(args, mode)
-    drafter, spec_for = build_specs(args, mode, loaded)
-    name = args.model_name or (Path(args.target_store).name if args.target_store else args.model)
-    generator = Generator(loaded, drafter, spec_for, args.draft, EngineCounters())
-    return OpenAIServer(generator, name, limits, token=token, defaults=defaults, log=say), memory
+    run = build(config, tree_rows=decode.tree_rows, sampling=True,
+                kv=kv_rule(new_tokens=decode.max_new_tokens, floor=MIN_KV_TOKENS))
+    spec_for = build_specs(run, decode)
+    name = args.model_name or (config.target.store.name if config.target.streamed else args.model)
+    generator = Generator(run.loaded, run.drafter, spec_for, args.draft, EngineCounters())
+    return OpenAIServer(generator, name, limits, token=token, defaults=decode.sampling, log=say), run.memory
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,13 +8,13 @@ import os
 import socket
 import stat
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import LeverError
-from .memory_limit import plan_memory
-from .options import add_dram_budget, add_reader_options
+from .options import add_compute_options, add_dram_budget, add_reader_options
 
 VERIFY_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 MIN_TOKEN_BYTES = 16
@@ -64,8 +64,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-batch-trees", type=int, default=8, metavar="N",
                    help="session rounds per batched target pass at most (default 8)")
     add_dram_budget(p, "a flash-store target")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "bf16", "float32", "fp32"])
-    p.add_argument("--kernels", default="native", choices=["native", "torch"])
+    add_compute_options(p)
     p.add_argument("--cache-dir", default=None, help="where assembled models and tokenizers are cached")
     add_reader_options(p)
     p.set_defaults(run=run)
@@ -109,33 +108,26 @@ def is_loopback(host: str) -> bool:
 
 
 def load_target(args):
-    """(LoadedModel, name, memory plan): a store streamed under --dram-budget
-    or --memory-limit, else a model in DRAM.  Under --memory-limit the KV
-    caches of --max-sessions full sessions are planned for, and a session's
-    sampled tree keeps --max-tree-nodes logits rows."""
-    from ..api import load, load_store, store_tokenizer
-    from ..store.manifest import MANIFEST, StoreManifest
+    """(Run, name): a store streamed under --dram-budget or --memory-limit,
+    else a model in DRAM.  Under --memory-limit the KV caches of
+    --max-sessions full sessions are planned for (else one session's, at
+    least MIN_KV_TOKENS), and a session's sampled tree keeps --max-tree-nodes
+    logits rows."""
+    from ..config import RunConfig
+    from ..runtime import MIN_KV_TOKENS, build, kv_rule
+    from ..store.manifest import MANIFEST
     path = Path(args.model)
     is_store = path.is_dir() and (path / MANIFEST).is_file()
-    if is_store and args.kernels == "torch":
-        raise LeverError("--kernels torch runs in-memory models only (the torch reference); a store streams "
-                         "on the native decoder")
+    config = RunConfig.from_args(args, draft=None)
     if is_store:
-        StoreManifest.load(path)                                    # a damaged store: its own error first
-    tokenizer = store_tokenizer(path, args.cache_dir) if is_store else None     # part of the measured baseline
+        config = replace(config, target=replace(config.target, store=path))
     # one limit for the process: every session's KV cache is planned; a target-only budget: one session's
-    kv_tokens = (args.max_sessions * args.max_session_tokens if args.memory_limit
-                 else max(2048, args.max_session_tokens))
-    memory = plan_memory(args, target_store=path if is_store else None, target_name=args.model,
-                         kv_tokens=kv_tokens, tree_rows=args.max_tree_nodes, sampling=True)
-    if is_store:
-        loaded = load_store(path, args.dram_budget, dtype=args.dtype, backend=args.reader,
-                            prefetch_depth=args.prefetch_depth, cache_dir=args.cache_dir, kv_tokens=kv_tokens,
-                            max_read_bytes_per_s=args.read_limit, tokenizer=tokenizer,
-                            queue_depth=args.read_queue_depth)
+    if args.memory_limit:
+        kv = kv_rule(new_tokens=args.max_session_tokens, prompt_tokens=0, sequences=args.max_sessions)
     else:
-        loaded = load(args.model, dtype=args.dtype, cache_dir=args.cache_dir, kernels=args.kernels)
-    return loaded, path.name if path.exists() else args.model, memory
+        kv = kv_rule(new_tokens=args.max_session_tokens, prompt_tokens=0, floor=MIN_KV_TOKENS)
+    run = build(config, tree_rows=args.max_tree_nodes, sampling=True, kv=kv)
+    return run, path.name if path.exists() else args.model
 
 
 def measure_verify_cost(model, max_nodes: int, say) -> dict:
@@ -191,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"lever serve-verifier: {line}", file=sys.stderr, flush=True)
 
-    loaded, name, memory = load_target(args)
+    run, name = load_target(args)
+    loaded, memory = run.loaded, run.memory
     if memory is not None:
         say(f"memory limit {memory.limit_bytes / 1e6:,.0f} MB: target budget {memory.store_budget_bytes / 1e6:,.0f} "
             f"MB, {args.max_sessions} sessions of {args.max_session_tokens} tokens planned")

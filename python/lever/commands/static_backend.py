@@ -13,6 +13,8 @@ refused: a compiled bucket cannot drop rows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import UsageError
 
 
@@ -20,11 +22,21 @@ def is_static(args) -> bool:
     return getattr(args, "backend", "native") != "native"
 
 
+@dataclass(frozen=True)
+class BackendChecks:
+    """What `check_backend_args` resolved: probes, the --probes value to use
+    (auto is off on a static backend; None when the command has no --probes);
+    npu_profile: the --npu-profile file read (lever.npu.npu_profile.NpuProfile), or None."""
+
+    probes: str | None
+    npu_profile: object = None
+
+
 def check_backend_args(args, *, kernels: str = "native", remote=None, probes: str | None = None,
-                       command: str = "") -> None:
+                       command: str = "") -> BackendChecks:
     """Refuse what a static backend cannot run (one line each), before anything
     loads; check onnxruntime (and onnxruntime-qnn) are installed and read the
-    --npu-profile file.  Turns --probes auto into off on a static backend."""
+    --npu-profile file.  `args` is only read; the resolved values are returned."""
     backend = getattr(args, "backend", "native")
     if getattr(args, "soc", None) is not None and backend != "qnn":
         raise UsageError(f"--soc chooses the SoC of --backend qnn; this run's backend is {backend}")
@@ -38,17 +50,17 @@ def check_backend_args(args, *, kernels: str = "native", remote=None, probes: st
         if probes == "on":
             raise UsageError(f"--probes on prunes tree rows mid-pass, which --backend {backend} cannot: a "
                              f"compiled bucket has fixed rows (use --probes off)")
-        if probes is not None and hasattr(args, "probes"):
-            args.probes = "off"
+        if probes is not None:
+            probes = "off"
         check_installed(backend)
+    npu_profile = None
     if getattr(args, "npu_profile", None):
         if remote:
             raise UsageError("--npu-profile sizes the trees of a target in this process; with --remote the "
                              "server verifies (choose one)")
-        from ..npu.npu_profile import load_npu_profile
-        args.npu_profile_data = load_npu_profile(args.npu_profile)
-    else:
-        args.npu_profile_data = None
+        from ..cost.npu_profile import load_npu_profile
+        npu_profile = load_npu_profile(args.npu_profile)
+    return BackendChecks(probes, npu_profile)
 
 
 def check_installed(backend: str) -> None:
@@ -75,7 +87,7 @@ def qnn_target(args):
 
 def context_root(args):
     """Where context binaries are cached: <cache root>/npu (--cache-dir, $LEVER_CACHE_DIR, ~/.cache/lever)."""
-    from ..api import cache_root
+    from ..values import cache_root
     return cache_root(getattr(args, "cache_dir", None)) / "npu"
 
 

@@ -4,5 +4,6 @@
 profile`) and caches the result per (model, store, backend, machine);
 `lever.cost.cost_model.CostModel` turns that profile into predicted seconds
 per target pass over n tree tokens, per draft forward over f nodes, and per
-iteration of host work.
+iteration of host work.  `lever.cost.npu_profile` builds the profile from a
+device's measured per-bucket layer times instead (`--npu-profile FILE`).
 """

@@ -72,7 +72,7 @@ class DeviceProfile:
     rejected_runs: int = 0            # timed runs dropped as outliers
     backend: str = "native"           # what ran the target's layers: native (the CPU kernels of
                                       # `kernels` in the key), cpu-static, qnn, or npu-profile (a
-                                      # device's measured figures, lever.npu.npu_profile)
+                                      # device's measured figures, lever.cost.npu_profile)
     simulated: bool = False           # the times are of a simulated NPU (qnn's HTP simulator on a
                                       # non-ARM host): never a phone's speed
     version: int = field(default=VERSION)

@@ -13,6 +13,8 @@ import platform
 from pathlib import Path
 
 from ..errors import ProfileError
+from ..store.manifest import MANIFEST, StoreManifest
+from ..values import __version__
 
 
 def file_identity(path: str | os.PathLike) -> dict:
@@ -24,8 +26,6 @@ def file_identity(path: str | os.PathLike) -> dict:
 
 def store_identity(store_dir: str | os.PathLike) -> dict:
     """A flash store: its directory, storage format and the SHA-256 of its manifest."""
-    from ..store.manifest import MANIFEST, StoreManifest
-
     d = Path(store_dir).resolve()
     manifest = StoreManifest.load(d)
     digest = hashlib.sha256((d / MANIFEST).read_bytes()).hexdigest()
@@ -35,8 +35,6 @@ def store_identity(store_dir: str | os.PathLike) -> dict:
 def model_identity(path: str | os.PathLike) -> dict:
     """A model on disk: a flash store directory, a GGUF file, or a checkpoint
     directory (every file in it by size and mtime)."""
-    from ..store.manifest import MANIFEST
-
     p = Path(path)
     if p.is_dir() and (p / MANIFEST).is_file():
         return store_identity(p)
@@ -70,6 +68,5 @@ def total_ram_bytes() -> int:
 
 
 def machine_identity() -> dict:
-    from .. import __version__
     return {"cpu": cpu_model(), "arch": platform.machine(), "logical_cpus": os.cpu_count() or 0,
             "ram_bytes": total_ram_bytes(), "lever_version": __version__}

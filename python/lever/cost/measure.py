@@ -46,7 +46,9 @@ import numpy as np
 
 from ..errors import ProfileError
 from ..masks import causal_mask
+from ..store.flash_reader import aligned_empty
 from ..tree import TokenTree
+from ..values import fmt_bytes
 from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, DeviceProfile, Stage, check_grid
 
 IO_READS = 3                 # synchronous reads per streamed extent (median)
@@ -125,7 +127,7 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
     overhead = _measure_overhead(target, target_cache, draft_model, ctx, rng)
     say(f"profile: iteration overhead {overhead * 1e3:.2f} ms (a {OVERHEAD_NODES}-node tree)")
     times = {name: [p.stages[name] for p in target_points] for name in target_points[0].stages}
-    stages = _stages(target, times, io, len(n_grid))
+    stages = pass_stages(target, times, io, len(n_grid))
     return DeviceProfile(key=key, n_grid=n_grid, stages=stages, embed_s=times["embed"],
                          draft_grid=draft_grid, draft_s=[p.total_s for p in draft_points],
                          iteration_overhead_s=overhead,
@@ -265,8 +267,6 @@ def printer(progress: bool):
 def _measure_io(target, say) -> dict[str, tuple[float, int]]:
     """{extent name: (median seconds of a synchronous O_DIRECT read, bytes)} of the
     streamed extents; the prefetch ring is idle while they are timed."""
-    from ..store.flash_reader import aligned_empty
-
     extents = target.plan.streamed
     if not extents:
         return {}
@@ -282,7 +282,7 @@ def _measure_io(target, say) -> dict[str, tuple[float, int]]:
         out[e.name] = (statistics.median(samples), e.length)
     total_s = sum(s for s, _ in out.values())
     total_b = sum(b for _, b in out.values())
-    say(f"profile: flash reads: {len(out)} streamed extents, {total_b / 1e6:,.1f} MB in {total_s * 1e3:,.1f} ms "
+    say(f"profile: flash reads: {len(out)} streamed extents, {fmt_bytes(total_b)} in {total_s * 1e3:,.1f} ms "
         f"({total_b / total_s / 2**30 if total_s else 0:.2f} GiB/s)")
     return out
 
@@ -409,9 +409,13 @@ def _compact_seconds(model, cache, tree: TokenTree, keep: np.ndarray) -> float:
 
 # -- assembling the stages ----------------------------------------------------------
 
-def _stages(target, times: dict[str, list[float]], io: dict, n_points: int) -> list[Stage]:
-    """Stages in pass order.  A streamed store's head is one stage per head part
-    (each is its own extent), sharing the measured head time by rows."""
+def pass_stages(target, times: dict[str, list[float]], io: dict, n_points: int) -> list[Stage]:
+    """Stages in pass order from per-stage compute times (`times`: stage name ->
+    seconds at each of the `n_points` grid points; "embed", "head" and every
+    "layer.<i>") and flash reads (`io`: extent name -> (seconds, bytes)).  A
+    streamed store's head is one stage per head part (each is its own extent),
+    sharing the measured head time by rows.  Used by `measure_profile` and by
+    lever.cost.npu_profile (a device's measured bucket times)."""
     missing = [k for k in ("embed", "head") if k not in times]
     if missing:
         raise ProfileError(f"the target recorded no {', '.join(missing)} time (stage_times hook missing?)")

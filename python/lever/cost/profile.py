@@ -36,8 +36,9 @@ import sys
 from pathlib import Path
 
 from .. import _native
-from ..dtypes import dtype_name
 from ..errors import ProfileError
+from ..npu.runtime import versions
+from ..values import cache_root, dtype_name
 from . import measure as _measure
 from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, VERSION, DeviceProfile, Stage
 from .identity import machine_identity, model_identity, store_identity
@@ -137,7 +138,6 @@ def static_identity(layers) -> dict:
     """What a static backend's timings depend on: the backend, its row and context
     buckets, the graphs' dtype and threads, the SoC (qnn) and the onnxruntime /
     QNN versions; and whether the NPU is simulated."""
-    from ..npu.runtime import versions
     graphs = layers.graphs
     target = getattr(graphs, "target", None)
     return {"layers": str(layers.backend), "rows": [int(r) for r in layers.planner.rows],
@@ -176,7 +176,6 @@ def _digest(key: dict) -> str:
 
 def profile_path(key: dict, cache_dir: str | os.PathLike | None = None) -> Path:
     """The cache file of a profile with this (full) key: <cache>/profiles/<hash>.json."""
-    from ..api import cache_root
     return cache_root(cache_dir) / "profiles" / f"{_digest(key)}.json"
 
 

@@ -32,8 +32,10 @@ import numpy as np
 
 from ..errors import DramBudgetError
 from ..store.residency import MAX_PREFETCH_DEPTH, ResidencyPlan, plan_residency
+from ..values import dtype_bytes
 from .cost_model import CostModel, simulate_passes
 from .device_profile import DeviceProfile, Stage
+from .profile import cached_profile, digest, save_profile
 
 MIN_DEPTH = 2
 TYPICAL_TREE_TOKENS = 8          # root + 7 draft nodes
@@ -149,9 +151,6 @@ def tune_ring(target, profile: DeviceProfile, profile_key_of, cache_dir=None, sa
     new measurement of the source makes a new one).
     profile_key_of(target): the profile key of the target's current plan
     (lever.cost.profile.profile_key with the run's settings)."""
-    from ..dtypes import dtype_bytes
-    from .profile import cached_profile, digest, save_profile
-
     choice = choose_depth(profile, target.plan, target.manifest, dtype_bytes(target.dtype), target.kv_tokens)
     if not choice.changed:
         target.plan.depth_rule = f"{target.plan.depth_rule}; {choice.rule()}"

@@ -28,7 +28,7 @@ an accepted node, the root included, accepted or not):
 So a cold calibration predicts exactly q, and a cell leaves q only after the
 correction has beaten q on that cell's (or bin's) own past outcomes; a
 correction that stops paying (another domain, another user) loses its record
-and the estimate falls back to q.  A shipped table (lever.policy) starts a
+and the estimate falls back to q.  A shipped table (lever.mode_lever) starts a
 user with such a calibration learnt offline, its counts capped and its
 records clamped (`as_prior`) so that the user's own observations refine it
 quickly and turn a correction off that does not pay for them.

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import CgroupUnavailableError
+from ..store.flash_reader import drop_page_cache as _drop_page_cache
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 TAIL_BYTES = 16 << 10
@@ -120,8 +121,7 @@ def _write(path: Path, value: str) -> None:
 
 def drop_page_cache() -> None:
     """sync, then drop the whole page cache (needs root); CgroupUnavailableError if refused."""
-    from ..store.flash_reader import drop_page_cache as drop
-    outcome = drop()
+    outcome = _drop_page_cache()
     if outcome.startswith("could not"):
         raise CgroupUnavailableError(f"{outcome} (a capped run starts with a cold page cache; needs root)")
 

@@ -27,8 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import MemoryLimitError
+from ..gguf.file import GGUFFile
 from ..store.residency import (AUTO_DEPTH, MIN_AUTO_DEPTH, fixed_costs, kv_bytes,  # noqa: F401 (kv_bytes: re-exported)
-                               parse_prefetch_depth, parse_size, plan_residency, slot_size)
+                               parse_prefetch_depth, plan_residency, slot_size)
+from ..values import fmt_bytes, parse_size
 from . import rss
 
 MIN_MARGIN_BYTES = 32 << 20        # bytes: allocator slack, thread stacks, page tables
@@ -60,7 +62,6 @@ def gguf_weight_bytes(gguf, head_type: str = "stored") -> int:
     stored (what resident weights occupy); head_type "q4_0": with the output
     head (a tied model's one table) at Q4_0's 18 bytes per 32 weights where
     that is smaller, as lever.model.native_loader loads it."""
-    from ..model.gguf_file import GGUFFile
     from ..model.native_loader import head_bytes_as_loaded
     g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
     head = g.tensors.get("output.weight") or g.tensors["token_embd.weight"]
@@ -70,10 +71,6 @@ def gguf_weight_bytes(gguf, head_type: str = "stored") -> int:
 def default_margin(limit_bytes: int) -> int:
     """The safety margin for a limit, bytes: max(MIN_MARGIN_BYTES, MARGIN_FRACTION * limit)."""
     return max(MIN_MARGIN_BYTES, int(MARGIN_FRACTION * limit_bytes))
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
 
 
 @dataclass
@@ -135,13 +132,14 @@ class MemoryPlan:
         """MemoryLimitError naming the minimum and each part (MB) if they exceed the limit."""
         if self.limit_bytes >= self.minimum_bytes:
             return
-        target = ", ".join(f"{k.replace('_', ' ')} {_mb(v)}" for k, v in self.target_minimum.items())
+        target = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in self.target_minimum.items())
         raise MemoryLimitError(
-            f"memory limit {_mb(self.limit_bytes)} is below this run's minimum of {_mb(self.minimum_bytes)}: "
-            f"runtime baseline {_mb(self.baseline_bytes)}, draft weights {_mb(self.draft_weight_bytes)}, "
-            f"draft KV {_mb(self.draft_kv_bytes)}, target minimum "
-            f"{_mb(sum(self.target_minimum.values()))} ({target or 'nothing'}), "
-            f"target scratch {_mb(self.target_scratch_bytes)}, margin {_mb(self.margin_bytes)}")
+            f"memory limit {fmt_bytes(self.limit_bytes)} is below this run's minimum of "
+            f"{fmt_bytes(self.minimum_bytes)}: "
+            f"runtime baseline {fmt_bytes(self.baseline_bytes)}, draft weights {fmt_bytes(self.draft_weight_bytes)}, "
+            f"draft KV {fmt_bytes(self.draft_kv_bytes)}, target minimum "
+            f"{fmt_bytes(sum(self.target_minimum.values()))} ({target or 'nothing'}), "
+            f"target scratch {fmt_bytes(self.target_scratch_bytes)}, margin {fmt_bytes(self.margin_bytes)}")
 
     def plan_store(self, manifest, **residency):
         """`plan_residency(manifest, store budget, **residency)`; pass the same

@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..dtypes import dtype_bytes
+from ..errors import MemoryLimitError
+from ..gguf.config import config_from_gguf
+from ..gguf.file import GGUFFile
+from ..gguf.registry import resolve_model
+from ..store.manifest import StoreManifest
+from ..values import cache_root, dtype_bytes
+from . import rss
 from .plan import MemoryPlan, gguf_weight_bytes, kv_bytes, store_minimum
 
 FLOAT_BYTES = 4
@@ -36,28 +42,28 @@ def pass_scratch_bytes(cfg, rows: int, logits_rows: int) -> int:
 
 def _gguf_sizes(path, head_type: str = "stored"):
     """(ModelConfig, weight bytes) of a GGUF file loaded with `head_type`, from one parse of its header."""
-    from ..model.gguf_config import config_from_gguf
-    from ..model.gguf_file import GGUFFile
-    g = GGUFFile(path)
+    g = path if isinstance(path, GGUFFile) else GGUFFile(path)
     return config_from_gguf(g), gguf_weight_bytes(g, head_type)
 
 
 def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_tokens: int,
              tree_rows: int, sampling: bool, dtype: str, prefetch_depth: int | str = "auto",
-             baseline_bytes: int | None = None, draft_head: str = "stored") -> tuple[MemoryPlan, int | None]:
+             baseline_bytes: int | None = None, draft_head: str = "stored",
+             manifest=None) -> tuple[MemoryPlan, int | None]:
     """The plan of one run under `limit` (bytes or '868MB') and the target
     store's DRAM budget (bytes; None for an in-memory target).
 
     target_store: a store directory, or target_path: a GGUF loaded into DRAM.
-    draft_path: the draft model's GGUF (None: no draft model, e.g. n-grams),
+    draft_path: the draft model's GGUF, a path or a parsed GGUFFile (None: no
+    draft model, e.g. n-grams),
     loaded with its head as `draft_head` ("stored" or "q4_0").
     kv_tokens: KV rows per sequence (prompt + new tokens + tree); tree_rows:
     rows of the largest target pass; sampling: logits rows are kept (greedy
     keeps one argmax per row).  prefetch_depth: the store's ring, an integer
     or "auto" (the minimum then holds the least auto ring; the slots auto adds
     come out of the store budget).  baseline_bytes: default this process's RSS
-    on entry, before any header is parsed."""
-    from . import rss
+    on entry, before any header is parsed.  manifest: target_store's, when
+    already read (lever.runtime reads it once per run)."""
     baseline = rss.current_rss() if baseline_bytes is None else int(baseline_bytes)
     dbytes = dtype_bytes(dtype)
     draft_weights = draft_kv = draft_scratch = 0
@@ -67,8 +73,7 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
         # greedy drafting ranks rows with the native top-k head; sampling keeps logits rows
         draft_scratch = pass_scratch_bytes(dcfg, tree_rows, tree_rows if sampling else 0)
     if target_store is not None:
-        from ..store.manifest import StoreManifest
-        manifest = StoreManifest.load(target_store)
+        manifest = manifest if manifest is not None else StoreManifest.load(target_store)
         cfg = manifest.config
         minimum = store_minimum(manifest, dbytes, kv_tokens, prefetch_depth)
     else:
@@ -83,7 +88,6 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
 def memory_report(plan: MemoryPlan | None) -> dict:
     """The JSON `memory` object of a run: the plan (when a limit was given) and
     this process's RSS figures now (bytes; peak = the high-water mark)."""
-    from . import rss
     snap = rss.snapshot().to_dict()
     out = {"rss": snap, "peak_rss_bytes": snap["peak_rss_bytes"]}
     if plan is not None:
@@ -97,9 +101,6 @@ def model_file(name: str | None, cache_dir) -> Path | None:
     a checkpoint directory cannot be sized from a header and is refused."""
     if not name or name == "ngram":
         return None
-    from ..api import cache_root
-    from ..errors import MemoryLimitError
-    from ..model.registry import resolve_model
     path = Path(resolve_model(name, cache_dir=cache_root(cache_dir), progress=True))
     if not path.is_file():
         raise MemoryLimitError(f"--memory-limit sizes models from their GGUF header; {path} is not a GGUF file")

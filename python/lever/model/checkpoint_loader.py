@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import ModelFormatError, UnsupportedModelError
-from .config import SUPPORTED_ARCHS, ModelConfig, checked_config
+from ..model_config import SUPPORTED_ARCHS, ModelConfig, checked_config
 from .decoder import Decoder
 from .weights import build_decoder, parse_dtype
 

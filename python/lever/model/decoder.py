@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..masks import causal_mask  # noqa: F401 (re-exported: the masks are numpy, torch-free)
-from .config import ModelConfig
+from ..model_config import ModelConfig
 from .attention import attend
 from .kv_cache import KVCache
 from .linear import Embedding, Linear, linear

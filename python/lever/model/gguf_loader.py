@@ -17,13 +17,13 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..errors import UnsupportedModelError
 from .. import quant
-from .config import ModelConfig
+from ..errors import UnsupportedModelError
+from ..gguf.config import (LAYER_TENSOR_NAMES, config_from_gguf, decoder_name,  # noqa: F401 (re-exported)
+                           expected_gguf_shapes, permuted_heads, qk_row_order)
+from ..gguf.file import GGUFFile
+from ..model_config import ModelConfig
 from .decoder import Decoder
-from .gguf_config import (LAYER_TENSOR_NAMES, config_from_gguf, decoder_name,  # noqa: F401 (re-exported)
-                          expected_gguf_shapes, permuted_heads, qk_row_order)
-from .gguf_file import GGUFFile
 from .linear import QuantTensor, dequantize_tensor, has_kernel
 from .weights import build_decoder, parse_dtype
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _native, quant
-from ..dtypes import dtype_name
+from ..values import dtype_name
 
 _MATMUL_TYPES = frozenset(_native.matmul_types())
 

@@ -4,7 +4,7 @@
 
 The model speaks the numpy model protocol every run-path caller uses:
 
-    model.config                                   # lever.model.config.ModelConfig
+    model.config                                   # lever.model_config.ModelConfig
     model.new_cache(capacity) -> cache             # .length .capacity .nbytes .truncate .compact .reserve
     model.forward(tokens int64 [T], positions int64 [T], mask bool [T, cache.length + T], cache,
                   logits_rows int64 [R] | None = None, head="logits" | "argmax") -> numpy
@@ -26,19 +26,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..dtypes import dtype_name
 from ..errors import LeverError, ModelFormatError
+from ..values import dtype_name
+from .torch_reference import load_checkpoint_torch, load_gguf_torch
 
 KERNELS = ("native", "torch")
 
 
-def load_model(path: str | os.PathLike, dtype="bfloat16", kernels: str = "native", head_type: str = "stored"):
+def load_model(path: str | os.PathLike, dtype="bfloat16", kernels: str = "native", head_type: str = "stored",
+               parsed=None):
     """(model, parsed GGUFFile or None for a checkpoint directory) for the model
     file or directory at `path`.  dtype: "bfloat16" or "float32" (aliases as in
-    lever.dtypes.dtype_name): the KV cache's element type on the native
+    lever.values.dtype_name): the KV cache's element type on the native
     decoder, the compute dtype on the torch reference.  head_type "q4_0":
     the output head re-quantised to Q4_0 (native kernels and a GGUF file only;
-    lever.model.native_loader.ResidentWeights)."""
+    lever.model.native_loader.ResidentWeights).  parsed: the GGUFFile of
+    `path` when the caller has already parsed its header (native kernels)."""
     if kernels not in KERNELS:
         raise LeverError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if head_type != "stored" and (kernels != "native" or Path(path).is_dir()):
@@ -47,12 +50,10 @@ def load_model(path: str | os.PathLike, dtype="bfloat16", kernels: str = "native
     dtype = dtype_name(dtype)
     path = Path(path)
     if path.is_dir():
-        from .torch_reference import load_checkpoint_torch
         return load_checkpoint_torch(path, dtype), None
     if not path.is_file():
         raise ModelFormatError(f"{path}: not a file or directory")
     if kernels == "torch":
-        from .torch_reference import load_gguf_torch
         return load_gguf_torch(path, dtype, quantized=False)
     from .native_loader import load_gguf_native
-    return load_gguf_native(path, dtype, head_type)
+    return load_gguf_native(parsed if parsed is not None else path, dtype, head_type)

@@ -9,7 +9,7 @@ All arithmetic (embedding, attention, MLP, norms, head) runs in C++
 float32, the KV cache float32 or bfloat16 (`dtype`).
 
 One forward loop serves weights held in DRAM (`native_loader.ResidentWeights`)
-and weights streamed from a flash store (`store.streamed.StreamedWeights`).
+and weights streamed from a flash store (`model.streamed_decoder.StreamedWeights`).
 A weight source has:
 
 - ``layouts``: one `_native.LayerLayout` per decoder layer;
@@ -44,19 +44,12 @@ import numpy as np
 
 from .. import _native
 from ..errors import LeverError
-from .config import ModelConfig
+from ..model_config import ModelConfig
+from ..values import dtype_name
 from .topk_head import check_topk, topk_result, topk_state
 
 HEADS = ("logits", "argmax", "topk")
 KV_DTYPES = ("float32", "bfloat16")
-
-
-def dtype_name(dtype) -> str:
-    """"float32" or "bfloat16" from a name or a torch dtype (torch.bfloat16 -> "bfloat16")."""
-    name = str(dtype).removeprefix("torch.")
-    if name not in KV_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(KV_DTYPES)}, got {dtype!r}")
-    return name
 
 
 @dataclass

@@ -32,16 +32,15 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf.constants import GGMLQuantizationType
 
 from .. import _native
 from ..errors import ModelFormatError, UnsupportedModelError
 from ..files import open_regular
-from ..quant import Q4_0, base_type, dequantize, quantize_q4_0, repack_at_load_types, repackable
+from ..gguf.config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
+from ..gguf.file import GGUFFile, TensorInfo, tensor_nbytes
+from ..model_config import ModelConfig, layer_shapes
+from ..quant import Q4_0, base_type, dequantize, quantize_q4_0, repack_at_load_types, repackable, type_name
 from ..store.flash_reader import aligned_empty
-from .config import ModelConfig, layer_shapes
-from .gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
-from .gguf_file import GGUFFile, TensorInfo, tensor_nbytes
 from .native_decoder import NativeDecoder
 
 TENSOR_ALIGNMENT = 64                       # bytes; buffers and tensors inside them start on this boundary
@@ -49,15 +48,6 @@ DENSE_TYPES = {0: 4, 1: 2, 30: 2}           # F32, F16, BF16 ggml type ids -> by
 _TORCH_HINT = "; the torch reference (--kernels torch) dequantises it"
 _IOV_MAX = 1024                             # iovecs per preadv call (Linux's IOV_MAX)
 _GGUF_LAYER_NAMES = {v: k for k, v in LAYER_TENSOR_NAMES.items()}
-
-
-def type_name(qtype: int) -> str:
-    """The name of ggml type id `qtype` ("Q4_K"; a repacked id "Q4_K_R8"; else "type N")."""
-    base = base_type(qtype)
-    try:
-        return GGMLQuantizationType(base).name + ("_R8" if base != int(qtype) else "")
-    except ValueError:
-        return f"type {int(qtype)}"
 
 
 def matrix_types() -> set[int]:
@@ -308,13 +298,13 @@ def _gguf_layer_names(cfg: ModelConfig) -> list[str]:
 
 
 def load_gguf_native(path, dtype="bfloat16", head_type: str = "stored") -> tuple[NativeDecoder, GGUFFile]:
-    """A `NativeDecoder` over every weight of the GGUF file at `path`, read into
-    DRAM; dtype: its KV cache's element type ("float32" or "bfloat16");
+    """A `NativeDecoder` over every weight of the GGUF file at `path` (or an
+    already parsed `GGUFFile`: its header is not read again), read into DRAM; dtype: its KV cache's element type ("float32" or "bfloat16");
     head_type: "stored" or "q4_0" (`ResidentWeights`).  Also
     returns the parsed file (metadata, tokenizer).  The file's page cache is
     released once its tensors are read (posix_fadvise DONTNEED: it would count
     against the memory cgroup)."""
-    g = GGUFFile(path)
+    g = path if isinstance(path, GGUFFile) else GGUFFile(path)
     cfg = config_from_gguf(g)
     weights = ResidentWeights(g, cfg, head_type)
     model = NativeDecoder(cfg, weights, dtype)

@@ -65,7 +65,7 @@ from ..errors import LeverError, ModelFormatError, UnsupportedModelError
 from ..files import open_regular
 
 if TYPE_CHECKING:
-    from .gguf_file import GGUFFile
+    from ..gguf.file import GGUFFile
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..dtypes import dtype_name
 from ..errors import LeverError
-from .config import ModelConfig
-from .gguf_file import GGUFFile
+from ..gguf.file import GGUFFile
+from ..model_config import ModelConfig
+from ..values import dtype_name
 from .topk_head import check_topk, topk_of_logits
 
 HEADS = ("logits", "argmax", "topk")

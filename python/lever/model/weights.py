@@ -12,9 +12,9 @@ from typing import Iterable
 
 import torch
 
-from ..dtypes import dtype_name
 from ..errors import ModelFormatError
-from .config import ModelConfig
+from ..model_config import ModelConfig
+from ..values import dtype_name
 from .decoder import Decoder
 from .linear import QuantTensor
 
@@ -63,5 +63,5 @@ def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     """'bf16' / 'bfloat16' / 'fp32' / 'float32' (or a torch dtype) -> torch dtype
-    (see lever.dtypes.dtype_name; anything else raises ValueError)."""
+    (see lever.values.dtype_name; anything else raises ValueError)."""
     return getattr(torch, dtype_name(name))

@@ -9,5 +9,7 @@ phone's NPU; simulated on an x86-64 host).
 - `context`: bucket sessions and the cache of QNN context binaries.
 - `layers`: the layer runner a `NativeDecoder` uses on these backends.
 - `backend`: `use_static_backend(decoder, ...)`, the one entry point.
-- `npu_profile`: measured per-bucket layer times from a real device.
+
+A device's measured per-bucket layer times (`--npu-profile FILE`) are read
+into the cost model by lever.cost.npu_profile.
 """

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from ..errors import LeverError
-from ..model.config import ModelConfig
-from ..model.registry import default_cache_dir
+from ..gguf.registry import default_cache_dir
+from ..model_config import ModelConfig
 from .graph import layer_graph
 from .runtime import GRAPH_DTYPE, NpuError, QnnTarget, check_backend, create_session, versions
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LeverError
-from ..model.config import ModelConfig
+from ..model_config import ModelConfig
 
 OPSET = 17
 IR_VERSION = 8                     # old enough for the runtimes phones ship (a context model keeps it)
@@ -42,7 +42,7 @@ WEIGHT_INPUTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "wg", "wu", "w
 BIAS_INPUTS = ("bq", "bk", "bv")
 OUTPUTS = ("y", "k_new", "v_new")
 
-# layer tensor name (lever.model.gguf_config.LAYER_TENSOR_NAMES form) -> graph input
+# layer tensor name (lever.gguf.config.LAYER_TENSOR_NAMES form) -> graph input
 TENSOR_INPUT = {
     "input_layernorm.weight": "attn_norm",
     "self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk", "self_attn.v_proj.weight": "wv",

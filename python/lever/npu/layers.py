@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _native
 from ..errors import LeverError
-from ..model.config import ModelConfig
+from ..model_config import ModelConfig
 from ..quant import in_ggml_layout
 from .context import BucketGraphs
 from .graph import TENSOR_INPUT, weight_shapes

@@ -16,7 +16,9 @@ compute, pruning would only lose the pruned nodes' acceptance.
 
 from __future__ import annotations
 
+from ..cost.pruning import PrunedCostModel, PruneForecast
 from ..errors import LeverError
+from ..model.native_decoder import NativeDecoder
 from .prune import ProbePruner
 from .store import load_probe, probe_key_for
 
@@ -27,8 +29,6 @@ NO_PROBE = "run `lever probe record` and `lever probe train` for it first"
 
 def probe_pruner(target, choice: str, target_id=None, cache_dir=None) -> ProbePruner | None:
     """The pass hook that prunes `target`'s passes under `choice` (see module doc), or None."""
-    from ..model.native_decoder import NativeDecoder
-
     if choice not in PROBE_CHOICES:
         raise LeverError(f"--probes must be one of {', '.join(PROBE_CHOICES)}, got {choice!r}")
     if choice == "off":
@@ -52,7 +52,6 @@ def probe_forecast(pruner: ProbePruner | None):
     starting from the share of draft nodes that survived on the probe's held-out traces."""
     if pruner is None:
         return None
-    from ..cost.pruning import PruneForecast
     return PruneForecast(pruner.stats, pruner.probe.layer, float(pruner.probe.metrics.get("survive", 1.0)))
 
 
@@ -60,8 +59,6 @@ def pruning_pays(cost, pruner: ProbePruner, max_n: int = 256):
     """`pays(n)` for `pruner` under `cost` (a lever.cost.cost_model.CostModel): True
     when a pass over n tree tokens pruned at the probe's held-out survival is
     predicted at least MIN_SAVING faster than the whole pass."""
-    from ..cost.pruning import PrunedCostModel
-
     survive = float(pruner.probe.metrics.get("survive", 1.0))
     whole = cost.verify_s(max_n)
     pruned = PrunedCostModel(cost, pruner.probe.layer, survive).verify_s(max_n)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cost.cost_model import interpolate, simulate_passes
 from .traces import POLICIES, Traces
 from .train import Fitted, feature_matrix
 
@@ -132,7 +133,6 @@ class ProfileCost:
         self.label = "device profile"
 
     def pass_s(self, n: np.ndarray, n_surv: np.ndarray, layer: int) -> np.ndarray:
-        from ..cost.cost_model import interpolate, simulate_passes
         p = self.model.profile
         full = self.model.stage_compute_s(n)
         surv = self.model.stage_compute_s(n_surv)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import dequantize
+from ..quant import block_size, dequantize, type_size
 
 FEATURES = ("lens", "lens_margin", "draft_logp", "sibling_rank", "depth")
 N_FEATURES = len(FEATURES)
@@ -110,7 +110,7 @@ def lens_scores(hidden_parent: np.ndarray, rows: np.ndarray, norm_w: np.ndarray,
 def head_rows(weights, tokens: np.ndarray) -> np.ndarray:
     """float32 [m, H]: the output head's rows of `tokens`, dequantised, from a
     weight source with `head_rows(ids) -> (uint8 rows as stored, ggml type)`
-    (lever.model.native_loader.ResidentWeights, lever.store.streamed.StreamedWeights)."""
+    (lever.model.native_loader.ResidentWeights, lever.model.streamed_decoder.StreamedWeights)."""
     ids = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
     raw, qtype = weights.head_rows(ids)
     raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(len(ids), -1)
@@ -121,5 +121,4 @@ def head_rows(weights, tokens: np.ndarray) -> np.ndarray:
 
 def _elements(raw: np.ndarray, qtype: int) -> tuple[int]:
     """The element count the bytes of `raw` encode as `qtype`, as a 1-D shape."""
-    from ..quant import block_size, type_size
     return (raw.size // type_size(qtype) * block_size(qtype),)

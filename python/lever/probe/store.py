@@ -22,7 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cost.identity import model_identity
 from ..errors import LeverError
+from ..mode_lever import model_sha256
+from ..store.manifest import StoreManifest
+from ..store.manifest_json import CHECKSUM_FIELD
+from ..values import cache_root
 from .features import FEATURES, N_FEATURES
 
 PROBE_FORMAT = "lever-probe"
@@ -125,8 +130,7 @@ def _checksum(d: dict) -> str:
 
 
 def probe_path(key: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """<cache>/probes/probe-<key[:16]>.json (the cache root of lever.api.cache_root)."""
-    from ..api import cache_root
+    """<cache>/probes/probe-<key[:16]>.json (the cache root of lever.values.cache_root)."""
     if not key:
         raise ProbeError("a probe needs the target's key")
     return cache_root(cache_dir) / "probes" / f"probe-{key[:16]}.json"
@@ -188,16 +192,11 @@ def probe_key_for(target, target_id: str | os.PathLike | None = None) -> str:
     mtimes of a checkpoint directory)."""
     manifest = getattr(target, "manifest", None)
     if manifest is not None:
-        from ..store.manifest_json import CHECKSUM_FIELD
         return str(manifest.to_json()[CHECKSUM_FIELD])
     if target_id is None:
         raise ProbeError("a probe of an in-memory target needs the model's path (target_id) to key it")
-    from ..cost.identity import model_identity
-    from ..policy import model_sha256
     p = Path(target_id)
     if p.is_dir() and (p / "manifest.json").is_file():       # a store loaded in memory by path
-        from ..store.manifest import StoreManifest
-        from ..store.manifest_json import CHECKSUM_FIELD
         return str(StoreManifest.load(p).to_json()[CHECKSUM_FIELD])
     sha = model_sha256(p) if p.is_file() else None
     if sha:

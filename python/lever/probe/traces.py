@@ -34,7 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engine import run_speculative
 from ..errors import LeverError
+from ..sampling import SamplingParams
+from ..verify.target_pass import TargetVerifier
 from .features import head_rows, lens_scores, sibling_ranks
 
 TRACE_FORMAT = "lever-probe-traces"
@@ -203,9 +206,6 @@ def record_traces(target, drafter, prompts: list[dict], out_dir, *, layers, new_
     Returns the meta."""
     from tqdm import tqdm
 
-    from ..engine import run_speculative
-    from ..sampling import SamplingParams
-    from ..verify.target_pass import TargetVerifier
 
     bad = [name for name in specs if name not in POLICIES]
     if bad:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..api import Completion, LoadedModel, cache_root, load
+from ..config import TargetConfig
 from ..cost.identity import model_identity
 from ..cost.measure import forward_seconds
 from ..draft.base import TreeShape
@@ -34,8 +34,12 @@ from ..draft.gain_cost import GainCostPolicy
 from ..draft.model_drafter import ModelDrafter
 from ..engine import SpecConfig
 from ..errors import LeverError
-from ..policy import DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES, DEFAULT_TOPK, load_calibration, save_calibration
+from ..loaded import Completion, LoadedModel
+from ..mode_lever import (DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES, DEFAULT_TOPK, calibrated_policy, sampling_key,
+                          save_calibration)
+from ..runtime import load_in_memory
 from ..sampling import SamplingParams
+from ..values import cache_root
 from .client import RemoteVerifier
 from .cost import RemoteCost
 from .vllm_verifier import TOKENIZER_PROBE, VllmVerifier
@@ -79,7 +83,8 @@ class RemoteTarget:
         if engine == "lever" and (remote_model is not None or branches != 1):
             raise LeverError("--remote-model and --vllm-branches apply to --remote-engine vllm only")
         self.engine, self.remote_model, self.branches = engine, remote_model, branches
-        self.draft = draft if isinstance(draft, LoadedModel) else load(draft, cache_dir=cache_dir, progress=progress)
+        self.draft = draft if isinstance(draft, LoadedModel) else \
+            load_in_memory(TargetConfig(model=draft), cache_dir, progress=progress)
         self.url, self.token, self.retry_deadline_s = url, token, retry_deadline_s
         self.tls_ca, self.timeout_s = tls_ca, timeout_s
         self.spec_args = dict(mode=mode, draft_len=draft_len, tree=tree, draft_ahead=draft_ahead)
@@ -119,7 +124,7 @@ class RemoteTarget:
     def _lever_policy(self, params: SamplingParams, verifier: RemoteVerifier) -> GainCostPolicy:
         """The gain-cost policy with this link's cost, kept across generations
         (per sampling setting, like its calibration file)."""
-        key = "greedy" if params.greedy else (params.temperature, params.top_p, params.top_k)
+        key = sampling_key(params)
         if self.policy is None or self._policy_sampling != key:
             if self._draft_curve is None:
                 say = (lambda line: print(line, file=sys.stderr, flush=True)) if self.progress else (lambda _: None)
@@ -129,9 +134,8 @@ class RemoteTarget:
                               call_cost_s=self.call_cost_s)
             max_nodes = min(self.max_nodes, verifier.max_tree_nodes - 1)
             path = remote_calibration_path(self.info, self.draft.path, params, self.cache_dir)
-            self.policy = GainCostPolicy(cost, load_calibration(path), max_nodes=max_nodes,
-                                         max_depth=self.max_depth, topk=self.topk)
-            self.policy.calibration_path = path
+            self.policy = calibrated_policy(cost, path, max_nodes=max_nodes, max_depth=self.max_depth,
+                                            topk=self.topk)
             self._policy_sampling = key
         else:
             self.policy.cost.revision += 1          # re-read: the link may have changed between runs
@@ -174,8 +178,6 @@ def remote_calibration_path(info: dict, draft_path, params: SamplingParams, cach
     """The acceptance calibration of (the server's target, this draft, the sampling setting)."""
     key = {"target": {"remote": info.get("model"), "tokenizer": info.get("tokenizer"),
                       **({"engine": "vllm"} if info.get("engine") == "vllm" else {})},
-           "draft": model_identity(draft_path),
-           "sampling": "greedy" if params.greedy else
-           {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}}
+           "draft": model_identity(draft_path), "sampling": sampling_key(params)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root(cache_dir) / "profiles" / f"calibration-remote-{digest}.json"

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from ..errors import LeverError
+from ..gguf.registry import resolve_model
 
 DTYPES = ("float32", "bfloat16", "float16")
 MARKER = "lever_export.json"          # what was exported, from which file
@@ -33,7 +34,6 @@ def export_hf(model: str, out_dir: str | Path, dtype: str = "float32") -> Path:
     except ImportError as e:
         raise LeverError(f"exporting to a Hugging Face directory needs torch and transformers "
                          f"(pip install 'lever[test]'): {e}") from None
-    from ..model.registry import resolve_model
     gguf = Path(model) if model.endswith(".gguf") else Path(resolve_model(model))
     if not gguf.is_file():
         raise LeverError(f"{gguf}: no such GGUF file")

@@ -1,16 +1,11 @@
-"""The verifier server's counters (/v1/metrics) and the adapters that feed
-aiohttp's own access and error logs into them: every answer's status is
-counted, and aiohttp's log becomes one line per event."""
+"""The verifier server's counters (/v1/metrics).  The adapters that feed
+aiohttp's own access and error logs into them (every answer's status
+counted, aiohttp's log one line per event) are lever.http.logs."""
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
-
-from aiohttp.abc import AbstractAccessLogger
-
-LOG_CHARS = 300             # characters of one logged line about a client's malformed HTTP
 
 
 @dataclass
@@ -53,25 +48,3 @@ class Metrics:
             "errors": {str(k): v for k, v in sorted(self.statuses.items()) if k >= 400},
             "connections": {"refused": self.connections_refused, "timed_out": self.connections_timed_out},
         }
-
-
-class StatusCounter(AbstractAccessLogger):
-    """aiohttp's access log, used to count every answer's status, aiohttp's own
-    (malformed HTTP: 400) included.  `logger` is the server's Metrics."""
-
-    def log(self, request, response, time: float) -> None:
-        self.logger.count(response.status)
-
-
-class OneLineLog(logging.Handler):
-    """aiohttp's server log (malformed HTTP, dropped connections) as one line
-    per record, without tracebacks, through the server's `log`."""
-
-    def __init__(self, say):
-        super().__init__(logging.WARNING)
-        self.say = say
-
-    def emit(self, record: logging.LogRecord) -> None:
-        exc = record.exc_info[1] if record.exc_info else None
-        line = record.getMessage() + (f" ({type(exc).__name__}: {exc})" if exc else "")
-        self.say("http: " + " ".join(line.split())[:LOG_CHARS])

@@ -59,8 +59,8 @@ import json
 import math
 from dataclasses import dataclass
 
+from ..http.error import HttpError
 from ..sampling import SamplingParams
-from .http_error import HttpError
 
 VERSION = 1
 MAX_ROUND = (1 << 63) - 1

@@ -39,11 +39,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from .connections import ConnectionGuard
-from .http_common import (HttpError, SiteThread, client_gone, error_headers, guard_middleware, http_logger,
-                          read_body, serve_until_interrupted, start_guarded_site)
-from .metrics import Metrics, StatusCounter
+from ..http.common import (HttpError, SiteThread, client_gone, error_headers, guard_middleware, http_logger,
+                           read_body, serve_until_interrupted, start_guarded_site)
+from ..http.connections import ConnectionGuard
+from ..http.logs import StatusCounter
 from .batcher import PassStats, TreeBatcher, Waiting, batching_unsupported, verify_batch
+from .metrics import Metrics
 from .protocol import VERSION, Limits, ProtocolError, decode, encode, parse_open, parse_round
 from .session import VerifierSession
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from ..errors import LeverError
-from ..remote.connections import ConnectionGuard
-from ..remote.http_common import HttpError, client_gone, error_headers, guard_middleware, http_logger, read_body
+from ..http.common import HttpError, client_gone, error_headers, guard_middleware, http_logger, read_body
+from ..http.connections import ConnectionGuard
 from ..sampling import SamplingParams
 from . import openai_schema as schema
 from .generation import Delta, Generator, Outcome

@@ -21,7 +21,9 @@ from typing import Callable
 
 from ..engine import SpecConfig, speculative_generate, tree_room
 from ..errors import LeverError
+from ..model.streamed_decoder import StreamedDecoder
 from ..model.tokenizer import IncrementalDecoder
+from ..mode_lever import save_calibration
 from ..sampling import SamplingParams
 from .generation_queue import Cancelled, Job
 from .openai_schema import GenRequest
@@ -60,7 +62,6 @@ class Generator:
                  counters: EngineCounters):
         self.loaded, self.drafter, self.spec_for, self.draft = loaded, drafter, spec_for, draft
         self.counters = counters
-        from ..store.streamed import StreamedDecoder
         self.flash = isinstance(loaded.model, StreamedDecoder)     # the target streams from flash
         first = spec_for(SamplingParams())                    # mode lever: the greedy policy made (and profiled) now
         self.mode, self.tree_room = first.mode, tree_room(loaded.model, first)[0]
@@ -114,7 +115,6 @@ class Generator:
         finally:
             self.counters.add(len(req.prompt_ids), len(result.token_ids) if result else 0, stats)
             if spec.policy is not None:                 # mode lever: keep what the run taught its calibration
-                from ..policy import save_calibration
                 save_calibration(spec.policy)
         return Outcome("".join(pieces), result.token_ids, finish, self.report(stats, len(result.token_ids),
                                                                               result.seed))

@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from ..remote.http_error import HttpError
+from ..errors import LeverError
+from ..http.error import HttpError
 from ..sampling import MAX_SEED, SamplingParams
 
 MAX_STOP_STRINGS = 4            # as OpenAI
@@ -293,7 +294,6 @@ def parse_chat(body: dict, served: ServedModel) -> GenRequest:
         raise bad("messages", "is required", code="missing_required_parameter")
     messages = chat_messages(body["messages"])
     max_tokens = _max_tokens(body, served, "max_completion_tokens", "max_tokens")
-    from ..errors import LeverError
     try:
         ids = served.encode_chat(messages)
     except LeverError as e:

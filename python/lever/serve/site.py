@@ -7,7 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from ..remote.http_common import SiteThread, serve_until_interrupted, start_guarded_site
+from ..http.common import SiteThread, serve_until_interrupted, start_guarded_site
 from .app import OpenAIServer
 
 

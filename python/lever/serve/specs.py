@@ -2,7 +2,7 @@
 
 Modes ar, chain and tree use one fixed lever.engine.SpecConfig.  Mode
 lever's gain-cost policy is calibrated per sampling setting (its acceptance
-statistics differ; lever.policy.calibration_path keys the file by it), and
+statistics differ; lever.mode_lever.calibration_path keys the file by it), and
 each request brings its own setting: `LeverSpecs` keeps one policy per
 setting, made on first use by `make_policy(params)` (the device profile is
 measured once and cached, so only the first policy pays for it).
@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ..engine import SpecConfig
+from ..mode_lever import sampling_key
 from ..sampling import SamplingParams
 
 
@@ -34,7 +35,6 @@ class LeverSpecs:
         self.policies: dict[str, object] = {}
 
     def __call__(self, params: SamplingParams) -> SpecConfig:
-        from ..policy import sampling_key
         key = json.dumps(sampling_key(params), sort_keys=True)     # what a calibration depends on (not the seed)
         if key not in self.policies:
             self.policies[key] = self.make_policy(params)

@@ -37,9 +37,9 @@ from tqdm import tqdm
 from .. import _native, quant
 from ..errors import StoreError, UnsupportedModelError
 from ..files import file_sha256
-from ..model.gguf_file import GGUFFile
-from ..model.gguf_config import LAYER_TENSOR_NAMES, config_from_gguf, qk_row_order
-from ..model.registry import resolve_model
+from ..gguf.config import LAYER_TENSOR_NAMES, config_from_gguf, qk_row_order
+from ..gguf.file import GGUFFile
+from ..gguf.registry import resolve_model
 from .flash_reader import chunk_checksums
 from .manifest import (ALIGNMENT, CHUNK_BYTES, DEFAULT_WEIGHT_LAYOUT, STORAGE_FORMATS, TENSOR_ALIGNMENT, TOKENIZER,
                        WEIGHT_LAYOUTS, WEIGHTS, Extent, StoreManifest, TensorEntry)

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import StoreError
-from ..model.config import ModelConfig, checked_config
+from ..model_config import ModelConfig, checked_config
 from . import validate
 from .manifest_json import CHECKSUM_FIELD, Fields, digest, parse_json
 from .safe_files import read_store_file, store_file

@@ -51,48 +51,12 @@ budget, the fastest taken).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from .. import _native
-from ..errors import DramBudgetError, ReadLimitError
+from ..errors import DramBudgetError
+from ..values import fmt_bytes
 from .manifest import Extent, StoreManifest
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-          "k": 2**10, "m": 2**20, "g": 2**30}
-
-
-def parse_size(text: str | int) -> int:
-    """'600MB' (10^6), '1.5GiB' (2^30), '512M' (2^20) or a plain byte count -> bytes."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise DramBudgetError(f"cannot read the size {text!r} (examples: 600MB, 1.5GiB, 750000000)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def parse_rate(text: str | float | int | None) -> float:
-    """A read-bandwidth cap -> bytes per second; 0.0 = unlimited.
-
-    '200MB/s' (10^6), '1.5GiB/s' (2^30), '512M/s' (2^20), the same without
-    '/s', or a plain number of bytes per second; None, '' and '0' mean no cap.
-    """
-    if text is None or text == "":
-        return 0.0
-    if isinstance(text, (int, float)):
-        value = float(text)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*(?:/\s*s)?\s*", str(text))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ReadLimitError(f"cannot read the read limit {text!r} "
-                                 f"(examples: 200MB/s, 1.5GiB/s, 250000000; 0 = unlimited)")
-        value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not value >= 0 or value == float("inf"):
-        raise ReadLimitError(f"the read limit must be a finite number of bytes/s >= 0, got {text!r}")
-    return value
-
 
 AUTO_DEPTH = "auto"
 MIN_AUTO_DEPTH = 2                # slots: one extent computing while the next one is read
@@ -111,10 +75,6 @@ def parse_prefetch_depth(text: str | int) -> int | str:
         raise DramBudgetError(f"prefetch depth must be 'auto' or an integer from 1 to {MAX_PREFETCH_DEPTH}, "
                               f"got {text!r}")
     return depth
-
-
-def fmt_bytes(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
 
 
 @dataclass

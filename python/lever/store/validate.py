@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .. import quant
 from ..errors import StoreError
-from ..model.config import layer_shapes
+from ..model_config import layer_shapes
 
 MAX_CHUNK_BYTES = 1 << 30
 MAX_ALIGNMENT = 1 << 20

@@ -22,10 +22,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import LeverError
 from ..autoregressive import PREFILL_CHUNK, prefill_chunk
+from ..errors import LeverError
+from ..model.streamed_decoder import StreamedDecoder
 from ..sampling import SamplingParams, head_for, resolve_seed
-from ..store.streamed import StreamedDecoder
 from ..tree import TokenTree
 from .rules import verify_chain_leviathan, verify_greedy, verify_position_draws
 
@@ -50,7 +50,7 @@ def round_seed(seed: int, position: int) -> int:
 
 def io_counters(target) -> tuple[float, int]:
     """(stall seconds, flash bytes used) so far, for a flash-streamed target; zeros otherwise.
-    Bytes are those the passes used (lever.store.streamed.StreamStats.bytes_used), not
+    Bytes are those the passes used (lever.model.streamed_decoder.StreamStats.bytes_used), not
     those the reader has landed: the ring prefetches the next pass's extents, and reads
     landing between two verify calls would otherwise belong to neither."""
     stats = getattr(target, "stats", None)

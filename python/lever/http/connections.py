@@ -1,4 +1,5 @@
-"""Connection-level limits of the verifier server, below aiohttp.
+"""Connection-level limits of Lever's aiohttp servers (`lever serve-verifier`,
+`lever serve`), below aiohttp.
 
 aiohttp starts a request handler only once a request's headers are parsed
 and has no deadline for receiving them, so a client that opens connections
@@ -13,26 +14,31 @@ factory and:
   `max_per_ip` from one address, with a 503 and a close.
 
 Idle keep-alive connections between requests are aiohttp's keep-alive
-timeout's business; the body deadline is the request handler's (server.py),
-which then tells the guard whether the body was read (`body_read`).
+timeout's business; the body deadline is the request handler's
+(lever.remote.server, lever.serve.app), which then tells the guard whether
+the body was read (`body_read`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 
-from .protocol import ProtocolError, encode
-
 IDLE, HEADERS, REQUEST = "idle", "headers", "request"
+
+BUSY_BODY = json.dumps({"v": 1, "error": {"code": "too_many_connections",
+                                          "message": "this server holds its limit of open connections; retry later"}},
+                       separators=(",", ":")).encode()
+"""The JSON body of the 503 below: the edge-cloud protocol's error body
+(lever.remote.protocol, version 1), which `lever serve` sends too
+(tests/test_server_hardening.py checks that the two agree)."""
 
 
 def busy_response() -> bytes:
     """The raw 503 sent to a connection over the limits, before closing it."""
-    body = encode(ProtocolError(503, "too_many_connections", "this server holds its limit of open "
-                                                            "connections; retry later").body())
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            b"Retry-After: 1\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            b"Retry-After: 1\r\nContent-Length: " + str(len(BUSY_BODY)).encode() + b"\r\n\r\n" + BUSY_BODY)
 
 
 class ConnectionGuard:

@@ -1,7 +1,7 @@
 """The torch resident reference of a flash store (tests, benchmarks): the
 whole store read into an in-memory `lever.model.decoder.Decoder`.
 
-Kept apart from `streamed.py` so that the streamed (native) path never imports torch.
+Kept apart from `streamed_decoder.py` so that the streamed (native) path never imports torch.
 Matrices of a repacked store (lever.store.manifest) are restored to the GGUF
 layout as they are read (`quant.in_ggml_layout`): the torch decoder gathers
 embedding rows and dequantises whole matrices in that layout.
@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..model.decoder import Decoder
-from ..model.linear import QuantTensor, dequantize_tensor, has_kernel
-from ..model.weights import build_decoder, parse_dtype
 from ..quant import in_ggml_layout
-from .flash_reader import FlashReader, aligned_empty
-from .manifest import WEIGHTS, Extent, StoreManifest
+from ..store.flash_reader import FlashReader, aligned_empty
+from ..store.manifest import WEIGHTS, Extent, StoreManifest
+from .decoder import Decoder
+from .linear import QuantTensor, dequantize_tensor, has_kernel
+from .weights import build_decoder, parse_dtype
 
 _ALIGN = 4096
 

@@ -5,7 +5,7 @@ site whose connections pass the ConnectionGuard (`start_guarded_site`), and a
 site on a background thread (`SiteThread`) or in the foreground until
 interrupted (`serve_until_interrupted`).
 
-Both raise `HttpError` (http_error.py: an HTTP status, a short machine code, a message);
+Both raise `HttpError` (error.py: an HTTP status, a short machine code, a message);
 each server maps it to its own error body.  Sizes are bytes, times seconds.
 """
 
@@ -22,8 +22,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from .connections import ConnectionGuard
-from .http_error import HttpError
-from .metrics import OneLineLog
+from .error import HttpError
+from .logs import OneLineLog
 
 BODY_CHUNK_BYTES = 1 << 16          # bytes read from the body per step
 KEEPALIVE_S = 75.0                  # an idle keep-alive connection is closed after this many seconds

@@ -27,7 +27,7 @@ first extent, so it reads everything afresh -- a store repaired between
 the two passes is read as repaired.
 
 This module does not import torch; the torch resident reference of a store
-is `lever.store.torch_reference.load_store_model`.
+is `lever.model.store_loader.load_store_model`.
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ from pathlib import Path
 import numpy as np
 
 from .. import _native
-from ..dtypes import dtype_bytes
 from ..errors import ChecksumError, FlashReadError, StoreError
-from ..model.native_decoder import NativeDecoder, PassStats, dtype_name
-from ..model.native_loader import check_token_ids, check_type
 from ..quant import base_type, is_repacked
-from .flash_reader import DEFAULT_QUEUE_DEPTH, FlashReader, aligned_empty, crc32c
-from .manifest import WEIGHTS, Extent, StoreManifest, TensorEntry
-from .residency import ResidencyPlan, plan_residency
-from .validate import REPACK_ROWS
+from ..store.flash_reader import DEFAULT_QUEUE_DEPTH, FlashReader, aligned_empty, crc32c
+from ..store.manifest import WEIGHTS, Extent, StoreManifest, TensorEntry
+from ..store.residency import ResidencyPlan, plan_residency
+from ..store.validate import REPACK_ROWS
+from ..values import dtype_bytes, dtype_name
+from .native_decoder import NativeDecoder, PassStats
+from .native_loader import check_token_ids, check_type
 
 EMBED_CACHE_ROWS = 4096           # embedding rows kept (their stored blocks, in the GGUF layout)
 HEAD_CACHE_ROWS = 256             # output head rows kept for the early-exit probe (~320 KB for a 1.5B model)
@@ -314,18 +314,19 @@ class StreamedDecoder(NativeDecoder):
     (of the store's chunk_bytes, 1 MiB) in flight at most.  Matrices are always
     multiplied as stored (a type without a kernel needs a bf16 store).
     stage_times: as `NativeDecoder.stage_times` (waiting on flash excluded).
+    manifest: the store's, when the caller has already read it (else read here).
     """
 
     def __init__(self, store_dir: str | os.PathLike, dram_budget: int, dtype="bfloat16",
                  backend: str = "auto", prefetch_depth: int | str = "auto", kv_tokens: int = 2048,
                  direct: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH,
-                 max_read_bytes_per_s: float = 0.0):
+                 max_read_bytes_per_s: float = 0.0, manifest: StoreManifest | None = None):
         if max_read_bytes_per_s < 0:
             raise ValueError(f"max_read_bytes_per_s must be >= 0, got {max_read_bytes_per_s}")
         dtype = dtype_name(dtype)
         self.store_dir = Path(store_dir)
         self.max_read_bytes_per_s = float(max_read_bytes_per_s)
-        self.manifest = StoreManifest.load(self.store_dir)
+        self.manifest = manifest if manifest is not None else StoreManifest.load(self.store_dir)
         self.kv_tokens = kv_tokens
         self._reader_options = {"backend": backend, "direct": direct, "queue_depth": queue_depth}
         plan = plan_residency(self.manifest, dram_budget, dtype_bytes(dtype), kv_tokens, prefetch_depth)
@@ -424,11 +425,3 @@ class StreamedDecoder(NativeDecoder):
         if self.weights is not None:
             self.weights.close()
 
-
-def __getattr__(name: str):
-    """`load_store_model` moved to lever.store.torch_reference (it needs torch);
-    importing it from here still works, and imports torch only then."""
-    if name == "load_store_model":
-        from .torch_reference import load_store_model
-        return load_store_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

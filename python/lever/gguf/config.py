@@ -15,9 +15,9 @@ import re
 import numpy as np
 
 from ..errors import ModelFormatError, UnsupportedModelError
-from .config import SUPPORTED_ARCHS, ModelConfig, config_problem, layer_shapes
-from .gguf_checks import check_layer_indices, check_tensor_shapes, meta_float, meta_int
-from .gguf_file import GGUFFile
+from ..model_config import SUPPORTED_ARCHS, ModelConfig, config_problem, layer_shapes
+from .checks import check_layer_indices, check_tensor_shapes, meta_float, meta_int
+from .file import GGUFFile
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "embed_tokens.weight",

@@ -1,6 +1,6 @@
-"""Setting up mode lever for a target and a draft model: the device profile
-(cached, measured on first use), the cost model built from it, and the
-acceptance calibration persisted next to the profiles.
+"""Setting up mode lever (the gain-cost tree policy) for a target and a draft
+model: the device profile (cached, measured on first use), the cost model
+built from it, and the acceptance calibration persisted next to the profiles.
 
     policy = lever_policy(target, drafter, target_id=..., ...)
     spec = SpecConfig("lever", policy=policy)
@@ -34,16 +34,19 @@ from pathlib import Path
 
 from .cost import ring_depth
 from .cost.cost_model import CostModel
-from .cost.measure import printer
 from .cost.identity import model_identity
+from .cost.measure import printer
 from .cost.profile import load_or_measure, profile_key
 from .draft.calibration import AcceptanceCalibration
 from .draft.gain_cost import GainCostPolicy
 from .draft.model_drafter import ModelDrafter
 from .errors import LeverError
 from .files import file_sha256
+from .gguf import registry
+from .model.streamed_decoder import StreamedDecoder
 from .sampling import SamplingParams
-from .store.streamed import StreamedDecoder
+from .store.manifest import MANIFEST, StoreManifest
+from .values import cache_root, dtype_name
 
 DEFAULT_MAX_NODES, DEFAULT_MAX_DEPTH, DEFAULT_TOPK = 255, 12, 4
 SHIPPED_FORMAT = "lever-calibration-table/1"
@@ -98,10 +101,20 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
 
     if profile.fixed_shapes:        # a tree past the largest bucket would run as several bucket passes
         max_nodes = min(max_nodes, int(max(profile.n_grid)) - 1)
-    policy = GainCostPolicy(CostModel(profile), load_calibration(path, start), max_nodes=max_nodes,
-                            max_depth=max_depth, topk=topk, pruning=pruning)
-    policy.calibration_path = path
+    policy = calibrated_policy(CostModel(profile), path, start=start, max_nodes=max_nodes, max_depth=max_depth,
+                               topk=topk, pruning=pruning)
     policy.npu_profile = npu_info
+    return policy
+
+
+def calibrated_policy(cost, path: Path, *, start=None, max_nodes: int = DEFAULT_MAX_NODES,
+                      max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK, pruning=None) -> GainCostPolicy:
+    """The gain-cost policy over `cost` (a CostModel, or lever.remote.cost.RemoteCost)
+    with the acceptance calibration persisted at `path` (`load_calibration`,
+    `start()` when there is none yet), which `save_calibration` writes back."""
+    policy = GainCostPolicy(cost, load_calibration(path, start), max_nodes=max_nodes, max_depth=max_depth,
+                            topk=topk, pruning=pruning)
+    policy.calibration_path = path
     return policy
 
 
@@ -109,9 +122,8 @@ def calibration_path(target_id, draft_id, kernels: str, dtype, params: SamplingP
                      cache_dir=None) -> Path:
     """The calibration file of a model pair (target_id: a store directory or a
     model file; model_identity tells them apart) and sampling setting."""
-    from .api import cache_root
     key = {"target": model_identity(target_id), "draft": model_identity(draft_id), "kernels": kernels,
-           "dtype": str(dtype), "sampling": sampling_key(params)}
+           "dtype": dtype_name(dtype), "sampling": sampling_key(params)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root(cache_dir) / "profiles" / f"calibration-{digest}.json"
 
@@ -182,10 +194,7 @@ def model_sha256(model_path, cache_dir=None) -> str | None:
     GGUF if it is still there).  A file the size of a registered model is
     matched by the registry's verification record (else hashed, on each call); any
     other model has no shipped table: None."""
-    from .api import cache_root
-    from .model.assemble import is_verified
-    from .model.registry import KNOWN_MODELS, models_dir
-    from .store.manifest import MANIFEST, StoreManifest
+    from .gguf.assemble import is_verified          # tqdm: imported only when a file is matched
 
     p = Path(model_path)
     if p.is_dir() and (p / MANIFEST).is_file():
@@ -201,10 +210,10 @@ def model_sha256(model_path, cache_dir=None) -> str | None:
     if not p.is_file():
         return None
     size = p.stat().st_size
-    entries = [e for e in KNOWN_MODELS.values() if e.size == size]
+    entries = [e for e in registry.KNOWN_MODELS.values() if e.size == size]
     if not entries:
         return None
-    dest = models_dir(cache_root(cache_dir))
+    dest = registry.models_dir(cache_root(cache_dir))
     for e in entries:
         if is_verified(e, p, dest):
             return e.sha256

@@ -62,6 +62,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ProfileError
+from .cost_model import interpolate
+from .device_profile import DeviceProfile
+from .measure import pass_stages
 
 SCHEMA = "lever-npu-profile/1"
 REQUIRED = ("schema", "device", "soc_model", "layers", "buckets")
@@ -148,10 +151,6 @@ class NpuProfile:
         (prompt + new tokens).  host(): the profile measured on this host for
         the run (called only when the file leaves parts out, see `missing`).
         say(line): progress lines."""
-        from ..cost.cost_model import interpolate
-        from ..cost.device_profile import DeviceProfile
-        from ..cost.measure import _stages
-
         self.check_target(target)
         streamed = hasattr(target, "plan")
         context, why = self.context_for(int(context_tokens))
@@ -184,7 +183,7 @@ class NpuProfile:
                 io = {e.name: (e.length / self.flash_bytes_per_s, e.length) for e in target.plan.streamed}
             else:
                 io = {s.name: (s.io_s, s.io_bytes) for s in base.stages if s.streamed}
-        stages = _stages(target, times, io, len(self.rows))
+        stages = pass_stages(target, times, io, len(self.rows))
         if self.draft_s is not None:
             draft_grid = sorted(self.draft_s)
             draft_s = [self.draft_s[f] for f in draft_grid]

@@ -1,7 +1,7 @@
 """`HttpError`: a request refused with an HTTP status, a short machine code
-and a message.  Its own module (no aiohttp) so that the wire protocol
-(protocol.py), which the edge client imports too, can build on it; the
-servers' shared HTTP pieces live in http_common.py."""
+and a message.  Its own module (no aiohttp) so that the edge-cloud wire
+protocol (lever.remote.protocol), which the edge client imports too, can
+build on it; the servers' shared HTTP pieces live in common.py."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def find_model(name: str, models: Optional[Mapping[str, ModelEntry]] = None) -> 
 def model_status(entry: ModelEntry, cache_dir=None,
                  search_path: Optional[Sequence[str]] = None) -> ModelStatus:
     """Installed parts, assembled / verified state and path of one model (no hashing)."""
-    from lever.model import assemble as _asm      # numpy, gguf, tqdm: only when a model is looked up
+    from lever.gguf import assemble as _asm      # numpy, gguf, tqdm: only when a model is looked up
     dest_dir = models_dir(cache_dir)
     n = _asm.installed_parts(entry, search_path)
     if entry.in_place:
@@ -153,7 +153,7 @@ def list_models(cache_dir=None, *, models: Optional[Mapping[str, ModelEntry]] = 
 def ensure_model(entry: ModelEntry, cache_dir=None, progress: bool = True,
                  search_path: Optional[Sequence[str]] = None) -> Path:
     """Path of `entry`'s verified GGUF, assembling it in the cache if needed."""
-    from lever.model import assemble as _asm
+    from lever.gguf import assemble as _asm
     return _asm.assemble(entry, models_dir(cache_dir), progress=progress, search_path=search_path)
 
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import ModelFormatError
 from ..files import open_regular
-from .gguf_checks import check_alignment, check_counts, check_tensor_ranges
+from .checks import check_alignment, check_counts, check_tensor_ranges
 
 if TYPE_CHECKING:
     import numpy as np

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from tqdm import tqdm
 
 from lever.errors import MissingPartError, ModelFormatError
-from lever.model.gguf_file import GGUFFile
+from lever.gguf.file import GGUFFile
 
 if TYPE_CHECKING:
-    from lever.model.registry import ModelEntry
+    from lever.gguf.registry import ModelEntry
 
 log = logging.getLogger("lever")
 

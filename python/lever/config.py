@@ -1,0 +1,250 @@
+"""A run's configuration, typed and checked once.
+
+Every command and the Python API describe a run with these frozen
+dataclasses, made once -- from the parsed command line (`RunConfig.from_args`,
+`DecodeConfig.from_args`) or from `lever.load(...)` keywords -- with every
+value resolved there: sizes in bytes, the dtype's one spelling, the prefetch
+depth as an int or "auto", paths as Paths, the decoding mode chosen.  A bad
+value is one `LeverError` line.  Nothing downstream parses or normalises them
+again, and nothing writes back into the argparse Namespace.
+
+`lever.runtime.build(config, ...)` turns a RunConfig into the run's parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .draft.base import TreeShape
+from .errors import LeverError, UsageError
+from .sampling import SamplingParams
+from .store.flash_reader import DEFAULT_QUEUE_DEPTH
+from .store.residency import AUTO_DEPTH, parse_prefetch_depth
+from .values import dtype_name, parse_rate, parse_size
+
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_DRAM_BUDGET = 600_000_000      # bytes: the streamed target's budget when no memory option is given
+KERNELS = ("native", "torch")
+DRAFT_HEADS = ("stored", "q4_0")
+READER_BACKENDS = ("auto", "io_uring", "pread")
+MODES = ("ar", "chain", "tree", "lever")
+PROBE_CHOICES = ("on", "off", "auto")
+DEFAULT_LEVER_MAX_NODES, DEFAULT_LEVER_MAX_DEPTH, DEFAULT_LEVER_TOPK = 255, 12, 4
+
+
+def _choice(what: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise UsageError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _dtype(value) -> str:
+    try:
+        return dtype_name(value)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """The model whose output a run produces: a flash store streamed under a
+    DRAM budget (`store`), else a model held in DRAM (`model`: a registered
+    name, a GGUF file or a checkpoint directory).
+    dtype: "bfloat16" or "float32" (the KV cache's element type on the native
+    decoder, the compute dtype of the torch reference); kernels: "native"
+    (quantised matrices multiplied by Lever's kernels) or "torch" (the torch
+    reference, in-memory models only)."""
+
+    model: str = DEFAULT_MODEL
+    store: Path | None = None
+    dtype: str = "bfloat16"
+    kernels: str = "native"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", _dtype(self.dtype))
+        _choice("kernels", self.kernels, KERNELS)
+        if self.store is not None:
+            object.__setattr__(self, "store", Path(self.store))
+            if self.kernels == "torch":
+                raise UsageError("--kernels torch runs in-memory models only (the torch reference); a "
+                                 "flash store (--target-store) streams on the native decoder")
+
+    @property
+    def streamed(self) -> bool:
+        return self.store is not None
+
+    @property
+    def name(self) -> str:
+        """The store directory or the model, as the user gave it."""
+        return str(self.store) if self.store is not None else self.model
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """The draft: None (no drafting), "ngram" (prompt lookup) or a model kept
+    in DRAM (registered name or path); head: its output head "stored" or
+    re-quantised to "q4_0" as it loads."""
+
+    name: str | None = None
+    head: str = "stored"
+
+    def __post_init__(self) -> None:
+        _choice("--draft-head", self.head, DRAFT_HEADS)
+
+    @property
+    def is_model(self) -> bool:
+        """A draft model (not prompt lookup, not none): what mode lever and the memory plan need."""
+        return bool(self.name) and self.name != "ngram"
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """How a streamed target is read from flash.
+    backend: auto | io_uring | pread; prefetch_depth: read buffers in the
+    ring (1..16) or "auto"; queue_depth: 1 MiB chunk reads in flight;
+    read_limit: a cap in bytes per second (0.0 = none)."""
+
+    backend: str = "auto"
+    prefetch_depth: int | str = AUTO_DEPTH
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
+    read_limit: float = 0.0
+
+    def __post_init__(self) -> None:
+        _choice("--reader", self.backend, READER_BACKENDS)
+        object.__setattr__(self, "prefetch_depth", parse_prefetch_depth(self.prefetch_depth))
+        object.__setattr__(self, "read_limit", parse_rate(self.read_limit))
+
+    @property
+    def auto_depth(self) -> bool:
+        return self.prefetch_depth == AUTO_DEPTH
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """limit: one limit for the whole process (bytes), planned by
+    lever.memory.run_plan; dram_budget: what a streamed target alone may use
+    (bytes).  At most one of the two; neither: a DRAM budget of
+    DEFAULT_DRAM_BUDGET and nothing else bounded."""
+
+    limit: int | None = None
+    dram_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.dram_budget is not None:
+            raise UsageError("--memory-limit and --dram-budget are exclusive: give one")
+        for field_name in ("limit", "dram_budget"):
+            value = getattr(self, field_name)
+            if value is not None:
+                object.__setattr__(self, field_name, parse_size(value))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything `lever.runtime.build` needs to assemble a run: the target,
+    the draft, the flash reader, the memory option, the cache root
+    (None: $LEVER_CACHE_DIR or ~/.cache/lever) and whether long steps print progress."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    reader: ReaderConfig = field(default_factory=ReaderConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    cache_dir: str | None = None
+    progress: bool = True
+
+    @classmethod
+    def from_args(cls, args, *, target_model: str | None = None, draft: str | None = "args",
+                  progress: bool | None = None) -> RunConfig:
+        """The configuration of a parsed command line (read, never written).
+        target_model: the in-memory target when the command names it otherwise
+        than --model/--target; draft: the draft to use ("args": --draft)."""
+        store = getattr(args, "target_store", None)
+        model = target_model or getattr(args, "model", None) or getattr(args, "target", None) or DEFAULT_MODEL
+        return cls(
+            target=TargetConfig(model=model, store=Path(store) if store else None,
+                                dtype=getattr(args, "dtype", "bfloat16"), kernels=getattr(args, "kernels", "native")),
+            draft=DraftConfig(name=getattr(args, "draft", None) if draft == "args" else draft,
+                              head=getattr(args, "draft_head", "stored")),
+            reader=ReaderConfig(backend=getattr(args, "reader", "auto"),
+                                prefetch_depth=getattr(args, "prefetch_depth", AUTO_DEPTH),
+                                queue_depth=getattr(args, "read_queue_depth", DEFAULT_QUEUE_DEPTH),
+                                read_limit=getattr(args, "read_limit", 0.0)),
+            memory=MemoryConfig(limit=getattr(args, "memory_limit", None),
+                                dram_budget=getattr(args, "dram_budget", None)),
+            cache_dir=getattr(args, "cache_dir", None),
+            progress=(not getattr(args, "no_progress", False)) if progress is None else progress)
+
+
+def default_mode(draft: str | None, streamed: bool) -> str:
+    """lever with a draft model and a flash store, tree with another draft, else ar."""
+    if not draft:
+        return "ar"
+    return "lever" if streamed and draft != "ngram" else "tree"
+
+
+def check_mode(mode: str, draft: str | None) -> None:
+    """Refuse a local decoding mode that the draft given cannot serve (before anything loads)."""
+    _choice("--mode", mode, MODES)
+    if mode != "ar" and not draft:
+        raise LeverError(f"--mode {mode} needs --draft (a draft model or 'ngram')")
+    if mode == "lever" and draft == "ngram":
+        raise LeverError("--mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
+                         "draft probabilities to calibrate")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How tokens are produced: the decoding mode (resolved: ar | chain |
+    tree | lever), the chain length, the static tree, mode lever's tree
+    limits, drafting ahead, early-exit probes (on | off | auto), re-measuring
+    the device profile, the sampling settings and the token budget."""
+
+    mode: str = "ar"
+    draft_len: int = 4
+    tree: TreeShape = TreeShape()
+    lever_max_nodes: int = DEFAULT_LEVER_MAX_NODES
+    lever_max_depth: int = DEFAULT_LEVER_MAX_DEPTH
+    lever_topk: int = DEFAULT_LEVER_TOPK
+    draft_ahead: bool = False
+    probes: str = "auto"
+    reprofile: bool = False
+    sampling: SamplingParams = SamplingParams()
+    max_new_tokens: int = 128
+    chat: bool = True
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _choice("--mode", self.mode, MODES)
+        _choice("--probes", self.probes, PROBE_CHOICES)
+
+    @property
+    def tree_rows(self) -> int:
+        """Rows of the largest target pass the mode makes (root + draft tokens)."""
+        return 1 + {"ar": 0, "chain": self.draft_len, "tree": self.tree.budget,
+                    "lever": self.lever_max_nodes}[self.mode]
+
+    @classmethod
+    def from_args(cls, args, *, draft: str | None, streamed: bool, probes: str | None = None,
+                  draft_ahead: bool = False, max_new_tokens: int | None = None) -> DecodeConfig:
+        """The decoding of a parsed command line: --mode (default: `default_mode`,
+        checked against `draft`), --draft-len, --tree-*, --lever-*, sampling.
+        probes / draft_ahead: the values after the backend's checks
+        (commands.static_backend) when they differ from the options."""
+        mode = getattr(args, "mode", None) or default_mode(draft, streamed)
+        check_mode(mode, draft)
+        try:
+            tree = TreeShape(getattr(args, "tree_budget", 32), getattr(args, "tree_topk", 4),
+                             getattr(args, "tree_depth", 8))
+            sampling = SamplingParams(getattr(args, "temperature", 0.0), getattr(args, "top_p", 1.0),
+                                      getattr(args, "top_k", 0), getattr(args, "seed", None))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return cls(mode=mode, draft_len=getattr(args, "draft_len", 4), tree=tree,
+                   lever_max_nodes=getattr(args, "lever_max_nodes", DEFAULT_LEVER_MAX_NODES),
+                   lever_max_depth=getattr(args, "lever_max_depth", DEFAULT_LEVER_MAX_DEPTH),
+                   lever_topk=getattr(args, "lever_topk", DEFAULT_LEVER_TOPK),
+                   draft_ahead=draft_ahead, probes=probes if probes is not None else getattr(args, "probes", "auto"),
+                   reprofile=getattr(args, "reprofile", False), sampling=sampling,
+                   max_new_tokens=(max_new_tokens if max_new_tokens is not None
+                                   else getattr(args, "max_new_tokens", 128)),
+                   chat=not getattr(args, "no_chat", False), ignore_eos=getattr(args, "ignore_eos", False))

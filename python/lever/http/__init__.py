@@ -1,0 +1,11 @@
+"""HTTP plumbing shared by Lever's aiohttp servers, `lever serve-verifier`
+(lever.remote.server) and `lever serve` (lever.serve.app).
+
+- `error`: `HttpError` (no aiohttp: the edge-cloud protocol builds on it);
+- `connections`: `ConnectionGuard`, the connection limits below aiohttp;
+- `common`: bearer tokens, bounded body reads, the guard middleware, the
+  guarded TCP site and running it on a thread or until interrupted;
+- `logs`: aiohttp's access and server logs fed to a server's counters and log.
+
+Sizes are bytes, times seconds.
+"""

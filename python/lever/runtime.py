@@ -1,0 +1,283 @@
+"""Assembling a run from its configuration (lever.config): the one place that
+plans memory, opens a flash store (its manifest read once, handed down),
+loads the target and the draft, sizes the KV caches and sets up mode lever's
+policy and the early-exit probes.
+
+    config = RunConfig.from_args(args)                    # or RunConfig(TargetConfig(...), ...)
+    run = build(config, tree_rows=..., sampling=..., kv=kv_rule(...))
+    ... run.loaded.generate(...) / speculative_generate(run.target, run.drafter, ...) ...
+    run.close()
+
+Commands are parse -> config -> build -> run -> report; the Python API
+(`lever.load`, `lever.load_store`, `lever.make_drafter`) goes through the
+loaders here too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .config import DEFAULT_DRAM_BUDGET, DecodeConfig, DraftConfig, ReaderConfig, RunConfig, TargetConfig
+from .draft.model_drafter import ModelDrafter
+from .draft.ngram import NgramDrafter
+from .errors import StoreError
+from .gguf.file import GGUFFile
+from .gguf.registry import resolve_model
+from .loaded import LoadedModel
+from .memory.rss import current_rss
+from .memory.run_plan import model_file, plan_run
+from .mode_lever import lever_policy, save_calibration
+from .model.loading import load_model
+from .model.streamed_decoder import StreamedDecoder
+from .model.tokenizer import Tokenizer
+from .probe.choice import probe_forecast, probe_pruner, pruning_pays
+from .sampling import SamplingParams
+from .store.flash_reader import drop_page_cache
+from .store.manifest import TOKENIZER, StoreManifest
+from .values import cache_root
+
+# -- KV sizing ---------------------------------------------------------------------
+
+PROMPT_ALLOWANCE = 1024     # tokens: the prompt length budgeted when the prompt is not known yet
+MIN_KV_TOKENS = 2048        # tokens: what `lever profile` assumes, so a cached profile's plan is found again
+
+# kv(tokenizer or None, the store's context or None) -> KV rows per sequence
+KvRule = Callable[[Tokenizer | None, int | None], int]
+
+
+def kv_tokens(*, prompt_tokens: int, new_tokens: int, extra: int = 0, floor: int = 0,
+              context: int | None = None, sequences: int = 1) -> int:
+    """KV cache rows (tokens) to plan and allocate: prompt + new tokens + `extra`
+    (a pass's draft rows), at least `floor`, at most the store's `context` (a
+    longer request is then refused by the context check, naming that limit),
+    times `sequences` (sessions sharing one planned cache)."""
+    need = max(int(floor), int(prompt_tokens) + int(new_tokens) + int(extra))
+    if context is not None:
+        need = min(int(context), need)
+    return need * int(sequences)
+
+
+def kv_rule(*, new_tokens: int, prompt_tokens: int = PROMPT_ALLOWANCE, extra: int = 0, floor: int = 0,
+            sequences: int = 1, in_memory: int | None = None) -> KvRule:
+    """The usual KV rule: `kv_tokens` clamped to a store's context; an
+    in-memory target (no context known) gets `in_memory` rows if given."""
+    def rule(_tokenizer, context):
+        if context is None and in_memory is not None:
+            return int(in_memory)
+        return kv_tokens(prompt_tokens=prompt_tokens, new_tokens=new_tokens, extra=extra, floor=floor,
+                         context=context, sequences=sequences)
+    return rule
+
+
+# -- loaders (also the Python API's) ---------------------------------------------------
+
+def load_manifest(store: Path) -> StoreManifest:
+    """The store's manifest (checked); a damaged or missing one is one line naming `lever convert`."""
+    try:
+        return StoreManifest.load(store)
+    except StoreError as e:
+        if "lever convert" in str(e):
+            raise
+        raise StoreError(f"{e} (make one with `lever convert MODEL --out DIR`)") from None
+
+
+def store_tokenizer(store_dir: str | Path, cache_dir: str | None = None) -> Tokenizer:
+    """The tokenizer recorded in a flash store (its GGUF tokenizer metadata, as JSON).
+    From the tokenizer cache, the metadata file is only hashed, never parsed."""
+    return Tokenizer.from_metadata_file(Path(store_dir) / TOKENIZER, cache_dir=cache_root(cache_dir) / "tokenizers")
+
+
+def load_in_memory(target: TargetConfig, cache_dir: str | None = None, progress: bool = True,
+                   parsed: GGUFFile | None = None) -> LoadedModel:
+    """A registered model, GGUF file or checkpoint directory held in DRAM, with
+    its tokenizer; parsed: its GGUF header when already parsed (the memory plan's)."""
+    t0 = time.perf_counter()
+    root = cache_root(cache_dir)
+    if parsed is not None and target.kernels == "native":
+        path = parsed.path
+    else:
+        parsed, path = None, resolve_model(target.model, cache_dir=root, progress=progress)
+    decoder, gguf = load_model(path, target.dtype, target.kernels, parsed=parsed)
+    if gguf is None:
+        tokenizer = Tokenizer.from_pretrained_dir(path)
+    else:
+        tokenizer = Tokenizer.from_gguf(gguf, cache_dir=root / "tokenizers")
+    return LoadedModel(decoder, tokenizer, path, load_s=time.perf_counter() - t0)
+
+
+def load_streamed(target: TargetConfig, reader: ReaderConfig, dram_budget: int, *, kv_tokens: int,
+                  cache_dir: str | None = None, tokenizer: Tokenizer | None = None,
+                  manifest: StoreManifest | None = None) -> LoadedModel:
+    """The target streamed from its flash store under `dram_budget` bytes, with
+    `kv_tokens` KV rows; tokenizer / manifest: already read (else read here)."""
+    t0 = time.perf_counter()
+    model = StreamedDecoder(target.store, dram_budget, target.dtype, backend=reader.backend,
+                            prefetch_depth=reader.prefetch_depth, kv_tokens=kv_tokens,
+                            queue_depth=reader.queue_depth, max_read_bytes_per_s=reader.read_limit,
+                            manifest=manifest)
+    tokenizer = tokenizer or store_tokenizer(target.store, cache_dir)
+    return LoadedModel(model, tokenizer, Path(target.store), load_s=time.perf_counter() - t0)
+
+
+def load_drafter(draft: DraftConfig, *, dtype: str = "bfloat16", kernels: str = "native",
+                 cache_dir: str | None = None, progress: bool = True, parsed: GGUFFile | None = None):
+    """None (no draft), prompt lookup ("ngram") or a draft model kept in DRAM
+    (a ModelDrafter, loaded without a tokenizer: it shares the target's ids).
+    parsed: the draft's GGUF header when already parsed (the memory plan's)."""
+    if not draft.name:
+        return None
+    if draft.name == "ngram":
+        return NgramDrafter()
+    if parsed is not None and kernels == "native":
+        path = parsed.path
+    else:
+        parsed, path = None, resolve_model(draft.name, cache_dir=cache_root(cache_dir), progress=progress)
+    model, _ = load_model(path, dtype, kernels, head_type=draft.head, parsed=parsed)
+    return ModelDrafter(model, path=path)
+
+
+# -- the run ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Headers:
+    """GGUF headers parsed while planning memory, handed to the loaders so that
+    no file is parsed twice: the in-memory target's and the draft model's."""
+
+    target: GGUFFile | None = None
+    draft: GGUFFile | None = None
+
+
+@dataclass
+class Run:
+    """A run's parts, as `build` assembled them.
+    loaded: the target with its tokenizer; drafter: None, prompt lookup or a
+    draft model; memory: the --memory-limit plan (None without one);
+    kv_tokens: KV rows per sequence; dram_budget: a streamed target's budget
+    (bytes; None in memory); manifest: a store's, read once; page_cache: what
+    dropping the page cache did (None: not asked)."""
+
+    config: RunConfig
+    loaded: LoadedModel
+    drafter: object
+    memory: object
+    kv_tokens: int
+    dram_budget: int | None
+    manifest: StoreManifest | None
+    page_cache: str | None = None
+    policies: list = field(default_factory=list)
+    draft_gguf: GGUFFile | None = None        # the draft's header, parsed once by the memory plan
+
+    @property
+    def target(self):
+        return self.loaded.model
+
+    @property
+    def streamed(self) -> bool:
+        return self.config.target.streamed
+
+    def load_draft(self) -> None:
+        """Load the configured drafter (`load_drafter`) into `drafter`."""
+        cfg = self.config
+        self.drafter = load_drafter(cfg.draft, dtype=cfg.target.dtype, kernels=cfg.target.kernels,
+                                    cache_dir=cfg.cache_dir, progress=cfg.progress, parsed=self.draft_gguf)
+        self.draft_gguf = None
+
+    def pruner(self, choice: str):
+        """The early-exit probe of this target (lever.probe.choice; "on", "off" or "auto"), or None."""
+        return probe_pruner(self.target, choice, self.loaded.path, self.config.cache_dir)
+
+    def lever_policy(self, decode: DecodeConfig, *, context_tokens: int, params: SamplingParams | None = None,
+                     max_nodes: int | None = None, pruner=None, npu_profile=None, first: bool = True,
+                     progress: bool | None = None, tune_ring: bool | None = None):
+        """Mode lever's gain-cost policy for this target and draft model
+        (lever.mode_lever.lever_policy): the device profile (re-measured with
+        decode.reprofile), the tree limits of `decode` (max_nodes overrides
+        lever_max_nodes), the calibration of `params` (default decode's
+        sampling); a streamed target with --prefetch-depth auto has its read
+        ring tuned.  pruner: the probe whose survival forecast the costs
+        include; first: False for another policy of the same run (another
+        sampling setting): no re-measuring, no ring tuning, no progress.
+        tune_ring / progress: override those choices."""
+        cfg = self.config
+        policy = lever_policy(
+            self.target, self.drafter, target_id=self.loaded.path, kernels=cfg.target.kernels,
+            reader=cfg.reader.backend, read_limit_bytes_per_s=cfg.reader.read_limit if self.streamed else 0.0,
+            dtype=cfg.target.dtype, params=params if params is not None else decode.sampling,
+            cache_dir=cfg.cache_dir, max_nodes=max_nodes if max_nodes is not None else decode.lever_max_nodes,
+            max_depth=decode.lever_max_depth, topk=decode.lever_topk, force_profile=decode.reprofile and first,
+            tune_ring=(self.streamed and cfg.reader.auto_depth and first) if tune_ring is None else tune_ring,
+            progress=(cfg.progress and first) if progress is None else progress,
+            pruning=probe_forecast(pruner), npu_profile=npu_profile, context_tokens=context_tokens)
+        if pruner is not None:                 # score a pass only where pruning pays (its cost model)
+            pruner.pays = pruning_pays(policy.cost, pruner)
+        self.policies.append(policy)
+        return policy
+
+    def save_calibrations(self) -> None:
+        """Write what each lever policy's calibration learnt to its file."""
+        for policy in self.policies:
+            save_calibration(policy)
+
+    def close(self) -> None:
+        """Stop a streamed target's reader (threads, file descriptors)."""
+        close = getattr(self.target, "close", None)
+        if close is not None:
+            close()
+
+
+def build(config: RunConfig, *, tree_rows: int, sampling: bool, kv: KvRule, drop_caches: bool = False,
+          load_draft: bool = True) -> Run:
+    """Assemble the run of `config`: a streamed target's manifest and tokenizer
+    (part of the measured baseline), the memory plan under --memory-limit
+    (`tree_rows`: rows of the largest pass; `sampling`: logits rows are
+    kept), the target loaded (the page cache dropped first with
+    `drop_caches`), and the drafter (unless not `load_draft`: then
+    `Run.load_draft` later).  kv: the KV rule (`kv_rule`), given the
+    store's tokenizer and context (None, None for an in-memory target)."""
+    target, cache_dir = config.target, config.cache_dir
+    manifest = tokenizer = None
+    context = None
+    if target.streamed:
+        manifest = load_manifest(target.store)
+        tokenizer = store_tokenizer(target.store, cache_dir)
+        context = manifest.config.max_context
+    kv_rows = int(kv(tokenizer, context))
+    memory, budget, headers = plan_memory(config, manifest=manifest, kv_tokens=kv_rows, tree_rows=tree_rows,
+                                          sampling=sampling)
+    page_cache = drop_page_cache() if drop_caches else None
+    if target.streamed:
+        loaded = load_streamed(target, config.reader, budget, kv_tokens=kv_rows, cache_dir=cache_dir,
+                               tokenizer=tokenizer, manifest=manifest)
+    else:
+        loaded = load_in_memory(target, cache_dir, progress=config.progress, parsed=headers.target)
+    run = Run(config, loaded, None, memory, kv_rows, budget if target.streamed else None, manifest, page_cache,
+              draft_gguf=headers.draft)
+    if load_draft:
+        run.load_draft()
+    return run
+
+
+def plan_memory(config: RunConfig, *, manifest: StoreManifest | None, kv_tokens: int, tree_rows: int,
+                sampling: bool):
+    """(the MemoryPlan or None, the streamed target's DRAM budget in bytes, the
+    GGUF headers the plan parsed, for the loaders: `Headers`).  With --memory-limit the whole
+    process is planned (lever.memory.run_plan) and the target gets what is
+    left; otherwise --dram-budget (default DEFAULT_DRAM_BUDGET) is the
+    target's and nothing else is bounded."""
+    if config.memory.limit is None:
+        return None, config.memory.dram_budget or DEFAULT_DRAM_BUDGET, Headers()
+    target = config.target
+    target_path = None if target.streamed else model_file(target.model, config.cache_dir)
+    draft_path = model_file(config.draft.name, config.cache_dir) if config.draft.is_model else None
+    baseline = current_rss()                  # the runtime before any header is parsed (run_plan.plan_run)
+    target_gguf = GGUFFile(target_path) if target_path is not None else None
+    draft_gguf = GGUFFile(draft_path) if draft_path is not None else None
+    plan, budget = plan_run(config.memory.limit, target_store=target.store, manifest=manifest,
+                            target_path=target_gguf, draft_path=draft_gguf, kv_tokens=kv_tokens, tree_rows=tree_rows, sampling=sampling,
+                            dtype=target.dtype, prefetch_depth=config.reader.prefetch_depth,
+                            draft_head=config.draft.head if draft_gguf is not None else "stored",
+                            baseline_bytes=baseline)
+    return plan, budget, Headers(target_gguf, draft_gguf)
