@@ -57,7 +57,7 @@ def budget_for(manifest: StoreManifest, pinned_layers: int, kv_tokens: int) -> i
 
 def run_bench(name: str, target_args: list[str], args, out: Path) -> dict:
     cmd = [sys.executable, "-m", "lever.cli", "bench", *target_args, "--draft", args.draft,
-           "--modes", *MODES, "--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens),
+           "--modes", *MODES, "--prompts", str(args.prompts), "--max-new-tokens", str(args.new_tokens),
            "--out", str(out), "--name", f"adaptivity_{name}", "--no-progress"]
     if args.drop_caches:
         cmd.append("--drop-caches")
@@ -145,7 +145,7 @@ def main() -> None:
     settings = {
         "a": ("all streamed", ["--target-store", args.store, "--dram-budget", str(b_all)]),
         "b": (f"{half} layers pinned", ["--target-store", args.store, "--dram-budget", str(b_half)]),
-        "c": ("resident", ["--target", args.target_model]),
+        "c": ("resident", ["--model", args.target_model]),
         "d": (f"half pinned, {args.read_limit}", ["--target-store", args.store, "--dram-budget", str(b_half),
                                                  "--read-limit", args.read_limit]),
     }

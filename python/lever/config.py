@@ -157,9 +157,9 @@ class RunConfig:
                   progress: bool | None = None) -> RunConfig:
         """The configuration of a parsed command line (read, never written).
         target_model: the in-memory target when the command names it otherwise
-        than --model/--target; draft: the draft to use ("args": --draft)."""
+        than --model; draft: the draft to use ("args": --draft)."""
         store = getattr(args, "target_store", None)
-        model = target_model or getattr(args, "model", None) or getattr(args, "target", None) or DEFAULT_MODEL
+        model = target_model or getattr(args, "model", None) or DEFAULT_MODEL
         return cls(
             target=TargetConfig(model=model, store=Path(store) if store else None,
                                 dtype=getattr(args, "dtype", "bfloat16"), kernels=getattr(args, "kernels", "native")),

@@ -70,28 +70,30 @@ class LoadedModel:
     def generate(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
                  on_text: Callable[[str], None] | None = None, drafter=None, spec=None, verifier=None,
-                 prompt_ids: list[int] | None = None) -> Completion:
+                 prompt_ids: list[int] | None = None, ignore_eos: bool = False) -> Completion:
         """Generate a completion of `prompt` (wrapped in the chat template when the
         model has one and `chat`; `prompt_ids` replaces the encoded prompt).
         `on_text` receives the text as it is produced.
         With `drafter` and `spec` (a `lever.engine.SpecConfig`) decoding is
         speculative; the output is the same as without.  With `verifier` (a
         `lever.remote.client.RemoteVerifier`) the target is the verifier's and
-        this model only drafts and tokenizes (see lever.remote.edge)."""
+        this model only drafts and tokenizes (see lever.remote.edge).
+        ignore_eos: generate max_new_tokens tokens, not stopping at end-of-sequence."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         ids = list(prompt_ids) if prompt_ids is not None else self.prompt_ids(prompt, chat)
         stream = IncrementalDecoder(self.tokenizer, skip_special_tokens=True) if on_text else None
         on_token = (lambda t: on_text(stream.push(t))) if stream else None
         spec_stats = None
+        stop_ids = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
         if spec is None and verifier is None:
             result = generate_tokens(self.model, ids, max_new_tokens, params,
-                                     stop_ids=self.tokenizer.eos_token_ids, on_token=on_token)
+                                     stop_ids=stop_ids, on_token=on_token)
         elif verifier is None:
             result, spec_stats = speculative_generate(self.model, drafter, ids, max_new_tokens, params, spec,
-                                                      stop_ids=self.tokenizer.eos_token_ids, on_token=on_token)
+                                                      stop_ids=stop_ids, on_token=on_token)
         else:
             result, spec_stats = run_speculative(verifier, drafter, ids, max_new_tokens, params,
-                                                 spec or SpecConfig("ar"), stop_ids=self.tokenizer.eos_token_ids,
+                                                 spec or SpecConfig("ar"), stop_ids=stop_ids,
                                                  on_token=on_token)
         if stream:
             on_text(stream.flush())

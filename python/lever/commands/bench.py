@@ -34,9 +34,9 @@ from . import arg_types
 from .bench_modes import MODE_HELP, TREE_DEPTH, TREE_TOPK, BenchMode, parse_mode, parse_modes
 from .bench_report import machine_info
 from .bench_setup import FULL, QUICK
-from .limits import MAX_BENCH_PROMPTS, MAX_NEW_TOKENS
+from .limits import MAX_BENCH_PROMPTS
 from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft_head, add_dram_budget,
-                      add_reader_options, add_sampling_options, add_target_choice)
+                      add_max_new_tokens, add_reader_options, add_sampling_options, add_target_choice)
 
 # parse_mode, parse_modes, BenchMode and machine_info are part of this module's API (bench/bench_remote.py)
 __all__ = ["add_parser", "add_arguments", "run", "BenchMode", "parse_mode", "parse_modes", "machine_info"]
@@ -80,8 +80,9 @@ def add_arguments(p) -> None:
                    help="prompt set version (default v1)")
     p.add_argument("--categories", type=arg_types.name, nargs="+", default=None, metavar="CAT",
                    help="only prompts of these categories (code, math, prose)")
-    p.add_argument("--new-tokens", type=arg_types.integer(1, MAX_NEW_TOKENS), default=None, metavar="N",
-                   help=f"tokens generated per prompt (default {FULL['new_tokens']})")
+    add_max_new_tokens(p, default=None, old="--new-tokens",
+                       help=f"tokens generated per prompt at most (exactly, with --ignore-eos) "
+                            f"(default {FULL['new_tokens']})")
     add_sampling_options(p, top=False, seed_default=0)    # temperature 0: modes are checked against ar
     add_compute_options(p)
     add_reader_options(p)
@@ -100,7 +101,7 @@ def add_arguments(p) -> None:
                    help="file name stem of the outputs (default bench)")
     add_cache_dir(p)
     p.add_argument("--ignore-eos", action="store_true",
-                   help="generate exactly --new-tokens tokens per prompt (do not stop at end-of-sequence)")
+                   help="generate exactly --max-new-tokens tokens per prompt (do not stop at end-of-sequence)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--no-plot", action="store_true",
                    help="write the JSON only, no PNG (the children of --memory-cap: importing matplotlib "

@@ -71,7 +71,7 @@ def capped_document(args, ctl, modes: list[BenchMode], limit: str, results: list
     return {"benchmark": "lever bench --memory-cap", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "cap_bytes": args.memory_cap, "cgroup_version": ctl.version, "cgroup_parent": str(ctl.parent),
             "page_cache": "dropped before each mode", "child_memory_option": limit,
-            "config": {"target": args.target_store or args.target or DEFAULT_MODEL, "draft": args.draft,
+            "config": {"target": args.target_store or args.model or DEFAULT_MODEL, "draft": args.draft,
                        "modes": [m.label for m in modes], "prompts": n_prompts, "new_tokens": new_tokens,
                        "temperature": args.temperature, "seed": args.seed, "quick": args.quick},
             "machine": machine_info(), "wall_s": round(wall_s, 3), "results": results}
@@ -125,7 +125,8 @@ def child_command(args, mode: BenchMode, out_dir: Path) -> list[str]:
     for action in parser._actions:
         dest = action.dest
         value = getattr(args, dest, defaults.get(dest))
-        if dest in PER_CHILD or not action.option_strings or value == defaults.get(dest):
+        if (dest in PER_CHILD or not action.option_strings or value == defaults.get(dest)
+                or action.help == argparse.SUPPRESS):          # a hidden alias: its option passes it on
             continue
         flag = action.option_strings[0]
         if action.nargs == 0:                          # a flag (store_true)

@@ -137,7 +137,7 @@ def counts(args) -> tuple[int, int]:
     """(prompts, new tokens per prompt): the options given, else the preset's (--quick or the full set)."""
     preset = QUICK if args.quick else FULL
     return (args.prompts if args.prompts is not None else preset["prompts"],
-            args.new_tokens if args.new_tokens is not None else preset["new_tokens"])
+            args.max_new_tokens if args.max_new_tokens is not None else preset["new_tokens"])
 
 
 def mode_texts(args) -> list[str]:

@@ -48,7 +48,7 @@ def target_config(args):
     from ..gguf.config import config_from_gguf
     from ..gguf.file import GGUFFile
     from ..gguf.registry import resolve_model
-    path = resolve_model(args.target or DEFAULT_MODEL, cache_dir=cache_root(args.cache_dir),
+    path = resolve_model(args.model or DEFAULT_MODEL, cache_dir=cache_root(args.cache_dir),
                          progress=not args.no_progress)
     if not Path(path).is_file():
         raise LeverError(f"{path}: compile-npu needs a GGUF model or a flash store (a checkpoint directory has "

@@ -8,7 +8,7 @@ import sys
 from ..store.convert import STORAGE_FORMATS, convert
 from ..store.manifest import DEFAULT_WEIGHT_LAYOUT, StoreManifest
 from . import arg_types
-from .options import add_cache_dir
+from .options import add_cache_dir, add_hidden_alias
 
 
 def add_parser(subparsers) -> None:
@@ -18,8 +18,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("model", type=arg_types.name, help="registered model name (see `lever models`) or GGUF file")
     p.add_argument("--out", type=arg_types.directory, required=True, metavar="DIR",
                    help="store directory to create")
-    p.add_argument("--dtype", default="source", choices=STORAGE_FORMATS,
+    p.add_argument("--storage", default="source", choices=STORAGE_FORMATS,
                    help="storage format: the GGUF's own block types (source, default) or bf16")
+    add_hidden_alias(p, "--dtype", "storage", choices=STORAGE_FORMATS)      # the old spelling
     p.add_argument("--weight-layout", type=arg_types.weight_layout, default=DEFAULT_WEIGHT_LAYOUT,
                    metavar="{repacked,gguf}",
                    help="repacked (default): matrices with a repacked form in 8-row groups for the batched "
@@ -31,7 +32,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = convert(args.model, args.out, storage=args.dtype, force=args.force, progress=True,
+    out = convert(args.model, args.out, storage=args.storage, force=args.force, progress=True,
                   cache_dir=args.cache_dir, weight_layout=args.weight_layout)
     m = StoreManifest.load(out)
     layer = m.layers[0]

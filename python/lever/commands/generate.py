@@ -11,9 +11,9 @@ from ..engine import SpecConfig
 from ..errors import LeverError
 from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
-from .limits import MAX_CALL_COST_MS, MAX_NEW_TOKENS, MAX_RETRY_DEADLINE_S
-from .options import (add_backend_options, add_cache_dir, add_compute_options, add_dram_budget, add_reader_options,
-                      add_sampling_options, add_spec_options, add_target_store)
+from .limits import MAX_CALL_COST_MS, MAX_RETRY_DEADLINE_S
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_dram_budget, add_max_new_tokens,
+                      add_reader_options, add_sampling_options, add_spec_options, add_target_store)
 from ..memory.run_plan import memory_report
 from .memory_limit import print_memory_line
 from .prompt_input import add_prompt_options, read_prompt
@@ -26,8 +26,9 @@ def add_parser(subparsers) -> None:
                    help=f"registered model name (see `lever models`), GGUF file or checkpoint dir "
                         f"(default: {DEFAULT_MODEL})")
     add_prompt_options(p)
-    p.add_argument("--max-new-tokens", type=arg_types.integer(0, MAX_NEW_TOKENS), default=128, metavar="N",
-                   help="tokens to generate at most (default 128)")
+    add_max_new_tokens(p, default=128, lo=0, help="tokens to generate at most (default 128)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="generate exactly --max-new-tokens tokens (do not stop at end-of-sequence)")
     add_sampling_options(p, top=True, seed_default=None)
     add_compute_options(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
@@ -125,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
     p = decode.sampling
     completion = loaded.generate(prompt, max_new_tokens=decode.max_new_tokens, temperature=p.temperature,
                                  top_p=p.top_p, top_k=p.top_k, seed=p.seed, chat=decode.chat,
-                                 on_text=None if args.json else stream, drafter=drafter, spec=spec)
+                                 ignore_eos=decode.ignore_eos, on_text=None if args.json else stream,
+                                 drafter=drafter, spec=spec)
     run.save_calibrations()
     if args.json:
         out = completion.to_json()
@@ -199,7 +201,7 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
     try:
         completion = target.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                      top_p=args.top_p, top_k=args.top_k, seed=args.seed, chat=not args.no_chat,
-                                     on_text=None if args.json else stream)
+                                     ignore_eos=args.ignore_eos, on_text=None if args.json else stream)
     except LeverError as e:
         partial = getattr(e, "partial_result", None)
         if partial is not None:

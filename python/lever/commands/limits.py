@@ -53,3 +53,8 @@ MAX_RETRY_DEADLINE_S = 86_400.0
 
 # Prompts of a bench prompt set to run.
 MAX_BENCH_PROMPTS = 10_000
+
+# `lever serve-verifier`: sessions open at once (and session rounds batched in
+# one pass), and seconds an unused session stays open (a week).
+MAX_SESSIONS = 4096
+MAX_IDLE_TTL_S = 7 * 86400.0

@@ -2,20 +2,39 @@
 
 from __future__ import annotations
 
+import argparse
+
 from ..sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
 from ..store.flash_reader import DEFAULT_QUEUE_DEPTH
 from . import arg_types
-from .limits import (MAX_DRAFT_LEN, MAX_PREFETCH_DEPTH, MAX_READ_QUEUE_DEPTH, MAX_TREE_DEPTH, MAX_TREE_NODES,
-                     MAX_TREE_TOPK, MIN_READ_RATE)
+from .limits import (MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_PREFETCH_DEPTH, MAX_READ_QUEUE_DEPTH, MAX_TREE_DEPTH,
+                     MAX_TREE_NODES, MAX_TREE_TOPK, MIN_READ_RATE)
+
+
+def add_hidden_alias(p, alias: str, dest: str, **kwargs) -> None:
+    """An old spelling of an option, kept for one release: it parses into `dest`
+    like the option it was renamed to, and --help does not list it."""
+    p.add_argument(alias, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
 
 
 def add_target_choice(p) -> None:
-    """--target-store DIR | --target NAME: a streamed or an in-memory target."""
+    """--target-store DIR | --model NAME: a streamed or an in-memory target
+    (--target: the old spelling of --model)."""
     target = p.add_mutually_exclusive_group()
-    add_target_store(target, instead_of="--target")
-    target.add_argument("--target", type=arg_types.name, default=None, metavar="NAME",
+    add_target_store(target)
+    target.add_argument("--model", type=arg_types.name, default=None, metavar="NAME",
                         help="an in-memory target: registered model name, GGUF file or checkpoint dir "
                              "(default when no --target-store: smollm2-135m)")
+    add_hidden_alias(target, "--target", "model", type=arg_types.name, metavar="NAME")
+
+
+def add_max_new_tokens(p, *, default: int | None, help: str, lo: int = 1, old: str | None = None) -> None:
+    """--max-new-tokens N (tokens to generate at most, lo..MAX_NEW_TOKENS);
+    `old`: the option's previous spelling, kept as a hidden alias."""
+    p.add_argument("--max-new-tokens", type=arg_types.integer(lo, MAX_NEW_TOKENS), default=default, metavar="N",
+                   help=help)
+    if old:
+        add_hidden_alias(p, old, "max_new_tokens", type=arg_types.integer(lo, MAX_NEW_TOKENS), metavar="N")
 
 
 def add_target_store(p, instead_of: str = "--model") -> None:

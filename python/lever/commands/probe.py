@@ -1,6 +1,6 @@
 """`lever probe`: early-exit probes for a target.
 
-    lever probe record --target-store DIR --draft NAME --out TRACES [--prompts N] [--new-tokens N] [--layers 7,9,14,21]
+    lever probe record --target-store DIR --draft NAME --out TRACES [--prompts N] [--max-new-tokens N] [--layers 7,9,14,21]
     lever probe train --traces TRACES [--recall 0.99] [--cache-dir DIR]
     lever probe report --traces TRACES
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ..errors import LeverError
 from . import arg_types
-from .options import (add_cache_dir, add_compute_options, add_draft_head, add_dram_budget, add_reader_options,
-                      add_target_choice)
+from .options import (add_cache_dir, add_compute_options, add_draft_head, add_dram_budget, add_max_new_tokens,
+                      add_reader_options, add_target_choice)
 
 CORPUS = "calibration_prompts_v1.json"
 REPORT_JSON, REPORT_PNG = "report.json", "report.png"
@@ -55,8 +55,8 @@ def add_record(sub) -> None:
     p.add_argument("--out", type=arg_types.directory, required=True, metavar="DIR", help="trace directory to write")
     p.add_argument("--prompts", type=arg_types.integer(2, 10_000), default=None, metavar="N",
                    help="the first N prompts of the corpus (default all)")
-    p.add_argument("--new-tokens", type=arg_types.integer(1, 100_000), default=128, metavar="N",
-                   help="tokens generated per prompt and policy (default 128)")
+    add_max_new_tokens(p, default=128, old="--new-tokens",
+                       help="tokens generated per prompt and policy (default 128)")
     p.add_argument("--layers", type=layer_list, default=None, metavar="K,K,...",
                    help="decoder layers (0-based) after which to record (default about L/4, L/3, L/2, 3L/4)")
     p.add_argument("--policies", type=policy_list, default=["tree", "lever"], metavar="P,P",
@@ -159,7 +159,7 @@ def run_record(args: argparse.Namespace) -> int:
         if tokenizer is None:
             return MIN_KV_TOKENS
         ids.extend(tokenizer.encode(tokenizer.format_prompt(p["text"], chat=True)) for p in prompts)
-        return kv_tokens(prompt_tokens=max(map(len, ids)), new_tokens=args.new_tokens, extra=rows + 2,
+        return kv_tokens(prompt_tokens=max(map(len, ids)), new_tokens=args.max_new_tokens, extra=rows + 2,
                          context=context)
 
     run = build(config, tree_rows=rows, sampling=False, kv=kv, load_draft=False)
@@ -181,7 +181,7 @@ def run_record(args: argparse.Namespace) -> int:
             profile = getattr(policy.cost, "profile", None)
         layers = args.layers or default_layers(target.config.n_layers)
         meta = record_traces(target, drafter, [{**p, "ids": i} for p, i in zip(prompts, ids)], args.out,
-                             layers=layers, new_tokens=args.new_tokens, specs=specs,
+                             layers=layers, new_tokens=args.max_new_tokens, specs=specs,
                              key=probe_key_for(target, loaded.path), target_name=name, draft_name=args.draft,
                              corpus=f"lever/data/{CORPUS}", stop_ids=loaded.tokenizer.eos_token_ids,
                              profile=profile, progress=progress, keep_hidden=not args.no_hidden)

@@ -14,9 +14,8 @@ from ..engine import SpecConfig
 from ..errors import LeverError
 from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
-from .limits import MAX_NEW_TOKENS
-from .options import (add_cache_dir, add_compute_options, add_dram_budget, add_reader_options, add_sampling_options,
-                      add_spec_options, add_target_store)
+from .options import (add_cache_dir, add_compute_options, add_dram_budget, add_max_new_tokens, add_reader_options,
+                      add_sampling_options, add_spec_options, add_target_store)
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -37,9 +36,9 @@ def add_parser(subparsers) -> None:
                         "16 printable ASCII characters, readable by its owner only (chmod 600)")
     p.add_argument("--max-queue", type=arg_types.integer(1, 1 << 20), default=16, metavar="N",
                    help="requests that may wait for the engine; one more is answered 429 (default 16)")
-    p.add_argument("--max-tokens", type=arg_types.integer(1, MAX_NEW_TOKENS), default=4096, metavar="N",
-                   help="completion tokens per request at most, and the default of a request without "
-                        "max_tokens (capped by the context) (default 4096)")
+    add_max_new_tokens(p, default=4096, old="--max-tokens",
+                       help="completion tokens per request at most, and the default of a request without "
+                            "max_tokens (capped by the context) (default 4096)")
     p.add_argument("--max-body-bytes", type=arg_types.integer(1, 1 << 30), default=1 << 20, metavar="BYTES",
                    help="largest request body (default 1 MiB)")
     p.add_argument("--header-timeout", type=arg_types.real(0.01, 3600), default=10.0, metavar="SECONDS",
@@ -89,7 +88,7 @@ def build_specs(run, decode: DecodeConfig):
 
 def build_server(args: argparse.Namespace, say=lambda line: None):
     """The OpenAIServer of the command line (the model loaded), and the memory
-    plan.  The KV cache holds one sequence of --max-tokens plus a prompt
+    plan.  The KV cache holds one sequence of --max-new-tokens plus a prompt
     allowance (at least MIN_KV_TOKENS, at most a store's context)."""
     from ..serve.app import OpenAIServer, ServeLimits
     from ..serve.generation import Generator
@@ -98,10 +97,11 @@ def build_server(args: argparse.Namespace, say=lambda line: None):
 
     config = RunConfig.from_args(args)
     decode = DecodeConfig.from_args(args, draft=args.draft, streamed=config.target.streamed,
-                                    draft_ahead=args.draft_ahead, max_new_tokens=args.max_tokens)
+                                    draft_ahead=args.draft_ahead, max_new_tokens=args.max_new_tokens)
     token = read_server_token(args.token_file) if args.token_file else None
     try:
-        limits = ServeLimits(max_queue=args.max_queue, max_tokens=args.max_tokens, max_body_bytes=args.max_body_bytes,
+        limits = ServeLimits(max_queue=args.max_queue, max_tokens=args.max_new_tokens,
+                             max_body_bytes=args.max_body_bytes,
                              header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                              max_connections=args.max_connections,
                              max_connections_per_ip=args.max_connections_per_ip)

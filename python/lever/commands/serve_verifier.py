@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LeverError
-from .options import add_compute_options, add_dram_budget, add_reader_options
+from . import arg_types
+from .limits import MAX_IDLE_TTL_S, MAX_NEW_TOKENS, MAX_SESSIONS, MAX_TREE_NODES
+from .options import add_cache_dir, add_compute_options, add_dram_budget, add_reader_options
 
 VERIFY_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 MIN_TOKEN_BYTES = 16
@@ -30,42 +32,42 @@ def add_parser(subparsers) -> None:
                    help="registered model name, GGUF file, checkpoint dir, or a flash store (`lever convert`)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other "
                                                        "address needs --token-file)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=arg_types.integer(0, 65535), default=8000, help="port (default 8000; 0: any free)")
     p.add_argument("--token-file", default=None, metavar="F",
                    help="file holding the bearer token clients must send (Authorization: Bearer ...): at least "
                         f"{MIN_TOKEN_BYTES} printable ASCII characters, readable by its owner only (chmod 600)")
     p.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS with this certificate chain "
                                                                    "(needs --tls-key)")
     p.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
-    p.add_argument("--max-sessions", type=int, default=16, metavar="N", help="open sessions at most (default 16)")
-    p.add_argument("--max-session-tokens", type=int, default=4096, metavar="N",
+    p.add_argument("--max-sessions", type=arg_types.integer(1, MAX_SESSIONS), default=16, metavar="N", help="open sessions at most (default 16)")
+    p.add_argument("--max-session-tokens", type=arg_types.integer(2, MAX_NEW_TOKENS), default=4096, metavar="N",
                    help="tokens per session at most: prompt, generated and a tree (default 4096)")
-    p.add_argument("--max-tree-nodes", type=int, default=256, metavar="N",
+    p.add_argument("--max-tree-nodes", type=arg_types.integer(1, MAX_TREE_NODES + 1), default=256, metavar="N",
                    help="nodes per verified tree at most, root included (default 256)")
-    p.add_argument("--idle-ttl", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--idle-ttl", type=arg_types.real(1.0, MAX_IDLE_TTL_S), default=600.0, metavar="SECONDS",
                    help="close a session unused for this long (default 600)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="BYTES",
+    p.add_argument("--max-body-bytes", type=arg_types.integer(1, 1 << 30), default=1 << 20, metavar="BYTES",
                    help="largest request body (default 1 MiB)")
-    p.add_argument("--prefill-chunk", type=int, default=128, metavar="TOKENS",
+    p.add_argument("--prefill-chunk", type=arg_types.integer(1, 1 << 16), default=128, metavar="TOKENS",
                    help="prompt tokens per prefill step; other sessions' rounds run between steps (default 128)")
-    p.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--header-timeout", type=arg_types.real(0.01, 3600), default=10.0, metavar="SECONDS",
                    help="close a connection whose request headers are not complete this soon (default 10)")
-    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--body-timeout", type=arg_types.real(0.01, 3600), default=30.0, metavar="SECONDS",
                    help="answer 408 to a request whose body is not complete this soon after its headers "
                         "(default 30)")
-    p.add_argument("--max-connections", type=int, default=256, metavar="N",
+    p.add_argument("--max-connections", type=arg_types.integer(1, 1 << 20), default=256, metavar="N",
                    help="open connections at most; more get a 503 (default 256)")
-    p.add_argument("--max-connections-per-ip", type=int, default=64, metavar="N",
+    p.add_argument("--max-connections-per-ip", type=arg_types.integer(1, 1 << 20), default=64, metavar="N",
                    help="open connections at most from one address (default 64)")
-    p.add_argument("--batch-window-ms", type=float, default=5.0, metavar="MS",
+    p.add_argument("--batch-window-ms", type=arg_types.real(0.0, 10_000.0), default=5.0, metavar="MS",
                    help="verify the rounds of different sessions that arrive within this many milliseconds (and "
                         "while a pass runs) in one target pass, each exactly as alone; 0 = one round per pass "
                         "(default 5)")
-    p.add_argument("--max-batch-trees", type=int, default=8, metavar="N",
+    p.add_argument("--max-batch-trees", type=arg_types.integer(1, MAX_SESSIONS), default=8, metavar="N",
                    help="session rounds per batched target pass at most (default 8)")
     add_dram_budget(p, "a flash-store target")
     add_compute_options(p)
-    p.add_argument("--cache-dir", default=None, help="where assembled models and tokenizers are cached")
+    add_cache_dir(p)
     add_reader_options(p)
     p.set_defaults(run=run)
 

@@ -143,10 +143,11 @@ class RemoteTarget:
 
     def generate(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = None, chat: bool = True, on_text=None,
-                 prompt_ids: list[int] | None = None) -> Completion:
+                 prompt_ids: list[int] | None = None, ignore_eos: bool = False) -> Completion:
         """Generate with the server's target; the output is exactly the target's.
         The returned Completion carries `remote`: target calls, bytes, round trips.
-        prompt_ids: token ids to use instead of encoding `prompt`."""
+        prompt_ids: token ids to use instead of encoding `prompt`; ignore_eos: do not stop at
+        end-of-sequence."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         verifier = self._connect(params)
         policy = self._lever_policy(params, verifier) if self.spec_args["mode"] == "lever" else None
@@ -157,7 +158,7 @@ class RemoteTarget:
             completion = self.draft.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                                              top_p=top_p, top_k=top_k, seed=seed, chat=chat, on_text=on_text,
                                              drafter=self.drafter, spec=spec, verifier=verifier,
-                                             prompt_ids=prompt_ids)
+                                             prompt_ids=prompt_ids, ignore_eos=ignore_eos)
         except LeverError as e:
             partial = getattr(e, "partial_result", None)
             if partial is not None:
