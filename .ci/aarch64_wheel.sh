@@ -53,7 +53,7 @@ PY_DEPS="numpy==2.4.6 gguf==0.19.0 pytest==9.2.0 tokenizers==0.23.3 jinja2==3.1.
 # the kernels) and the streamed-target timing test (it asserts that drafting
 # hides under a ~10 ms read stall, which emulation's 10-50x slowdown breaks;
 # its token identity is checked by the greedy tests).
-TEST_FILES="tests/test_draft_ahead.py tests/test_draft_topk.py tests/test_tree_policies.py"
+TEST_FILES="tests/draft/test_draft_ahead.py tests/draft/test_draft_topk.py tests/draft/test_tree_policies.py"
 TEST_K="not draft_cache_after and not hides_the_ahead_drafting"
 
 T0=$(date +%s)

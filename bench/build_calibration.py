@@ -24,7 +24,7 @@ deep and low-rank nodes, not only what one machine's profile would draft.
 Recorded trials go to bench/results/calibration/ (not committed; --from-trials
 reads them back, e.g. after a change of the calibration rule or layout).  --trace
 writes the trials of one setting as a per-iteration trace instead of a
-table (the recorded trace of tests/test_calibration.py).
+table (the recorded trace of tests/draft/test_calibration.py).
 """
 
 from __future__ import annotations

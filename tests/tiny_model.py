@@ -112,6 +112,18 @@ def native_logits(path) -> np.ndarray:
     return model(np.array(TOKENS), np.arange(n), causal(n), model.new_cache())
 
 
+def native_pair(directory, arch: str, tied: bool, seed: int, noise: float, dtype: str = "float32",
+                matrix_type: str = "F32", **sizes):
+    """A random GGUF target (write_tiny_gguf, model `seed`) and a weaker draft
+    with the same vocabulary (the target plus relative noise `noise`), on the
+    native decoder with a `dtype` KV cache.  sizes: write_tiny_gguf's keywords."""
+    from lever.model.native_loader import load_gguf_native
+    common = dict(arch=arch, tied=tied, seed=seed, matrix_type=matrix_type, **sizes)
+    target = write_tiny_gguf(Path(directory) / "target.gguf", **common)
+    draft = write_tiny_gguf(Path(directory) / "draft.gguf", noise=noise, noise_seed=seed + 1, **common)
+    return load_gguf_native(target, dtype)[0], load_gguf_native(draft, dtype)[0]
+
+
 def store_logits(store) -> np.ndarray:
     """Float32 logits of TOKENS through a StreamedDecoder over `store` (float32 KV
     cache; budget for everything but the minimum ring: both paths are exercised)."""

@@ -50,6 +50,19 @@ class GenerationResult:
         return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
 
 
+def kv_tokens(*, prompt_tokens: int, new_tokens: int, extra: int = 0, floor: int = 0,
+              context: int | None = None, sequences: int = 1) -> int:
+    """KV cache rows (tokens), the one sizing rule of every cache and every plan:
+    prompt + new tokens + `extra` (a pass's draft rows and the engine's
+    headroom), at least `floor`, at most the model's `context` (a longer
+    request is refused by `check_context`, naming that limit), times
+    `sequences` (sessions sharing one planned cache)."""
+    need = max(int(floor), int(prompt_tokens) + int(new_tokens) + int(extra))
+    if context is not None:
+        need = min(int(context), need)
+    return need * int(sequences)
+
+
 def check_context(n_prompt: int, max_new_tokens: int, max_context: int, tree_room: int = 0,
                   tree_what: str = "") -> None:
     """ContextOverflowError unless the prompt, the new tokens and `tree_room`
@@ -94,7 +107,7 @@ def generate_tokens(model, prompt_ids: list[int], max_new_tokens: int,
         return result
     seed = None if params.greedy else resolve_seed(params)
     result.seed = seed
-    cache = model.new_cache(capacity=len(prompt_ids) + max_new_tokens)
+    cache = model.new_cache(capacity=kv_tokens(prompt_tokens=len(prompt_ids), new_tokens=max_new_tokens))
     head = head_for(params)
     t0 = time.perf_counter()
     row = prefill(model, prompt_ids, cache, head)

@@ -31,7 +31,7 @@ from .draft.ahead import MAX_FORWARDS, WIDTH, AheadStats, DraftAhead
 from .draft.base import Drafter, TreePolicy, TreeShape
 from .draft.policies import ChainPolicy, NoDraft, StaticTreePolicy
 from .errors import LeverError
-from .autoregressive import GenerationResult, check_context
+from .autoregressive import GenerationResult, check_context, kv_tokens
 from .sampling import SamplingParams
 from .verify.target_pass import TargetVerifier
 
@@ -191,8 +191,8 @@ def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int],
                          on_token=None) -> tuple[GenerationResult, SpecStats]:
     """Generate with the target's exact output, using `drafter` to propose tokens."""
     check_context(len(prompt_ids), max_new_tokens, target.config.max_context, *tree_room(target, spec))
-    verifier = TargetVerifier(target, params, capacity=len(prompt_ids) + max_new_tokens + spec.max_tree_nodes + 2,
-                              pass_hook=spec.pruner)
+    capacity = kv_tokens(prompt_tokens=len(prompt_ids), new_tokens=max_new_tokens, extra=spec.max_tree_nodes + 2)
+    verifier = TargetVerifier(target, params, capacity=capacity, pass_hook=spec.pruner)
     if spec.pruner is None:
         return run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
     before = spec.pruner.stats.copy()
@@ -227,7 +227,8 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
         seed = verifier.seed            # the drafter draws sampled drafts with the target's noise
         result.seed = None if params.greedy else seed
         if drafter is not None:
-            drafter.reset(prompt_ids, capacity=len(prompt_ids) + max_new_tokens + drafter_rows(spec) + 2)
+            drafter.reset(prompt_ids, capacity=kv_tokens(prompt_tokens=len(prompt_ids), new_tokens=max_new_tokens,
+                                                         extra=drafter_rows(spec) + 2))
         if spec.draft_ahead and drafter is not None and drafter.has_probabilities:
             ahead = DraftAhead(verifier, drafter, params, seed)
             stats.ahead = ahead.stats

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .autoregressive import kv_tokens
 from .config import DEFAULT_DRAM_BUDGET, DecodeConfig, DraftConfig, ReaderConfig, RunConfig, TargetConfig
 from .draft.model_drafter import ModelDrafter
 from .draft.ngram import NgramDrafter
@@ -45,19 +46,8 @@ PROMPT_ALLOWANCE = 1024     # tokens: the prompt length budgeted when the prompt
 MIN_KV_TOKENS = 2048        # tokens: what `lever profile` assumes, so a cached profile's plan is found again
 
 # kv(tokenizer or None, the store's context or None) -> KV rows per sequence
+# (the rule itself: lever.autoregressive.kv_tokens, re-exported here)
 KvRule = Callable[[Tokenizer | None, int | None], int]
-
-
-def kv_tokens(*, prompt_tokens: int, new_tokens: int, extra: int = 0, floor: int = 0,
-              context: int | None = None, sequences: int = 1) -> int:
-    """KV cache rows (tokens) to plan and allocate: prompt + new tokens + `extra`
-    (a pass's draft rows), at least `floor`, at most the store's `context` (a
-    longer request is then refused by the context check, naming that limit),
-    times `sequences` (sessions sharing one planned cache)."""
-    need = max(int(floor), int(prompt_tokens) + int(new_tokens) + int(extra))
-    if context is not None:
-        need = min(int(context), need)
-    return need * int(sequences)
 
 
 def kv_rule(*, new_tokens: int, prompt_tokens: int = PROMPT_ALLOWANCE, extra: int = 0, floor: int = 0,

@@ -11,7 +11,7 @@
 - The package version (`__version__`, re-exported as `lever.__version__`).
 
 This module imports only the standard library and lever.errors: it is the
-bottom layer (tests/test_import_layers.py).
+bottom layer (tests/cli/test_import_layers.py).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def divergence(model, prompt_ids: list[int], ref: list[int], got: list[int], par
     were a near-tie there: greedy, both logits within ~2 bf16 ulps of the top
     logit; sampled, their Gumbel-max scores (processed logits + the
     position's noise) within the same margin scaled by 1/temperature."""
-    from ..autoregressive import prefill
+    from ..autoregressive import kv_tokens, prefill
     from ..sampling import position_noise, processed_logits
 
     i = next((j for j, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
@@ -148,7 +148,7 @@ def divergence(model, prompt_ids: list[int], ref: list[int], got: list[int], par
     if out["ar_token"] is None or out["token"] is None:
         out["near_tie"] = False
         return out
-    cache = model.new_cache(capacity=len(prompt_ids) + i + 1)
+    cache = model.new_cache(capacity=kv_tokens(prompt_tokens=len(prompt_ids), new_tokens=i + 1))
     logits = prefill(model, list(prompt_ids) + ref[:i], cache).astype(np.float32)
     tol = 2.0 ** -6 * max(1.0, abs(float(logits.max())))
     if not params.greedy:

@@ -167,10 +167,6 @@ def run(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise LeverError("--tls-cert and --tls-key go together: pass both or neither")
     tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert else None
-    if not args.batch_window_ms >= 0:
-        raise LeverError(f"--batch-window-ms must be >= 0, got {args.batch_window_ms}")
-    if args.max_batch_trees < 1:
-        raise LeverError(f"--max-batch-trees must be >= 1, got {args.max_batch_trees}")
     if args.batch_window_ms > 0 and args.kernels == "torch":
         raise LeverError("--kernels torch cannot verify several sessions in one pass: pass --batch-window-ms 0")
     try:

@@ -55,7 +55,7 @@ LAZY_ARRAY_MIN = 4096          # items: longer arrays of numbers or strings are 
 _U64 = struct.Struct("<Q")
 
 # ggml type id -> (name, elements per block, bytes per block); ggml's type_traits
-# (the `gguf` package's GGML_QUANT_SIZES, which tests/test_tokenizer_memory.py compares).
+# (the `gguf` package's GGML_QUANT_SIZES, which tests/model/test_tokenizer_memory.py compares).
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
     7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40), 10: ("Q2_K", 256, 84),

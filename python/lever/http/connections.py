@@ -32,7 +32,7 @@ BUSY_BODY = json.dumps({"v": 1, "error": {"code": "too_many_connections",
                        separators=(",", ":")).encode()
 """The JSON body of the 503 below: the edge-cloud protocol's error body
 (lever.remote.protocol, version 1), which `lever serve` sends too
-(tests/test_server_hardening.py checks that the two agree)."""
+(tests/remote/test_server_hardening.py checks that the two agree)."""
 
 
 def busy_response() -> bytes:

@@ -39,7 +39,7 @@ from ..files import open_regular
 from ..gguf.config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
 from ..gguf.file import GGUFFile, TensorInfo, tensor_nbytes
 from ..model_config import ModelConfig, layer_shapes
-from ..quant import Q4_0, base_type, dequantize, quantize_q4_0, repack_at_load_types, repackable, type_name
+from ..quant import Q4_0, dequantize, quantize_q4_0, repack_at_load_types, repackable, type_name
 from ..store.flash_reader import aligned_empty
 from .native_decoder import NativeDecoder
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..autoregressive import kv_tokens
 from ..engine import run_speculative
 from ..errors import LeverError
 from ..sampling import SamplingParams
@@ -230,8 +231,9 @@ def record_traces(target, drafter, prompts: list[dict], out_dir, *, layers, new_
             tokens = 0
             for name, spec in specs.items():
                 bar.set_postfix_str(f"{p.get('id', i)} {name}")
-                verifier = TargetVerifier(target, params, capacity=len(p["ids"]) + new_tokens + spec.max_tree_nodes + 2,
-                                          pass_hook=recorder)
+                capacity = kv_tokens(prompt_tokens=len(p["ids"]), new_tokens=new_tokens,
+                                     extra=spec.max_tree_nodes + 2)
+                verifier = TargetVerifier(target, params, capacity=capacity, pass_hook=recorder)
                 recorder.start(i, name)
                 result, _ = run_speculative(verifier, drafter, p["ids"], new_tokens, params, spec, stop_ids)
                 tokens += len(result.token_ids)

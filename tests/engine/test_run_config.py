@@ -1,0 +1,167 @@
+"""The typed run configuration (lever.config) and the runtime that assembles a
+run from it (lever.runtime): values resolved once with one-line errors, every
+dtype spelling, the one KV sizing rule, parsed options never written, and the
+store's manifest read once per run."""
+
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from lever import runtime
+from lever.cli import build_parser, main
+from lever.config import (DEFAULT_DRAM_BUDGET, DecodeConfig, DraftConfig, MemoryConfig, ReaderConfig, RunConfig,
+                          TargetConfig)
+from lever.errors import LeverError, UsageError
+from lever.store.manifest import StoreManifest
+from lever.values import DTYPE_NAMES
+
+SPELLINGS = sorted({*DTYPE_NAMES, *(k.upper() for k in DTYPE_NAMES), "BFloat16", "Fp32"})
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_every_dtype_spelling_is_one_name(spelling):
+    want = DTYPE_NAMES[spelling.lower()]
+    assert TargetConfig(dtype=spelling).dtype == want
+    for command in (["generate", "--prompt", "p"], ["bench"], ["profile", "--draft", "x"], ["serve"],
+                    ["serve-verifier", "--model", "m"], ["probe", "record", "--draft", "x", "--out", "o"]):
+        assert build_parser().parse_args([*command, "--dtype", spelling]).dtype == want
+
+
+@pytest.mark.parametrize("bad", ["float16", "fp16", "int8", "", "bfloat"])
+def test_a_bad_dtype_is_one_line(bad, capsys):
+    with pytest.raises(UsageError) as e:
+        TargetConfig(dtype=bad)
+    assert "\n" not in str(e.value) and "float32" in str(e.value)
+    assert main(["generate", "--dtype", bad, "--prompt", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("lever: error:") and "dtype" in err
+
+
+def test_configs_resolve_values_once():
+    reader = ReaderConfig(prefetch_depth="4", read_limit="200MB/s")
+    assert reader.prefetch_depth == 4 and reader.read_limit == 200e6 and not reader.auto_depth
+    assert ReaderConfig().auto_depth
+    assert MemoryConfig(limit="868MB").limit == 868_000_000
+    assert MemoryConfig(dram_budget="1.5GiB").dram_budget == int(1.5 * 2**30)
+    with pytest.raises(UsageError, match="exclusive"):
+        MemoryConfig(limit=1, dram_budget=2)
+    with pytest.raises(LeverError, match="cannot read the size"):
+        MemoryConfig(limit="lots")
+    with pytest.raises(LeverError):
+        ReaderConfig(prefetch_depth=99)
+    with pytest.raises(UsageError, match="--reader"):
+        ReaderConfig(backend="mmap")
+    with pytest.raises(UsageError, match="in-memory models only"):
+        TargetConfig(store=Path("s"), kernels="torch")
+    with pytest.raises(UsageError, match="--draft-head"):
+        DraftConfig("d", head="q8")
+    assert TargetConfig(store="s").store == Path("s") and TargetConfig(store="s").streamed
+    assert DraftConfig("ngram").is_model is False and DraftConfig("m").is_model
+
+
+def test_decode_mode_is_resolved_and_checked():
+    args = build_parser().parse_args(["generate", "--prompt", "p", "--draft", "m", "--target-store", "."])
+    assert DecodeConfig.from_args(args, draft="m", streamed=True).mode == "lever"
+    assert DecodeConfig.from_args(args, draft="ngram", streamed=True).mode == "tree"
+    assert DecodeConfig.from_args(args, draft=None, streamed=True).mode == "ar"
+    args = build_parser().parse_args(["generate", "--prompt", "p", "--mode", "lever", "--draft", "ngram"])
+    with pytest.raises(LeverError, match="needs a draft model"):
+        DecodeConfig.from_args(args, draft="ngram", streamed=False)
+    decode = DecodeConfig(mode="chain", draft_len=6)
+    assert decode.tree_rows == 7 and DecodeConfig(mode="lever", lever_max_nodes=31).tree_rows == 32
+
+
+def test_kv_sizing_rule():
+    kv = runtime.kv_tokens
+    assert kv(prompt_tokens=1024, new_tokens=128, floor=2048) == 2048
+    assert kv(prompt_tokens=1024, new_tokens=4096, floor=2048) == 5120
+    assert kv(prompt_tokens=1024, new_tokens=4096, floor=2048, context=4096) == 4096
+    assert kv(prompt_tokens=10, new_tokens=20, extra=5) == 35
+    assert kv(prompt_tokens=0, new_tokens=300, sequences=4) == 1200
+    rule = runtime.kv_rule(new_tokens=100, floor=2048, in_memory=1124)
+    assert rule(None, None) == 1124 and rule(object(), 1000) == 1000 and rule(object(), 8192) == 2048
+
+
+def test_default_budget_and_memory_plan(tmp_path):
+    config = RunConfig(target=TargetConfig(store=tmp_path))
+    assert runtime.plan_memory(config, manifest=None, kv_tokens=1, tree_rows=1, sampling=False) == \
+        (None, DEFAULT_DRAM_BUDGET, runtime.Headers())
+    config = RunConfig(memory=MemoryConfig(dram_budget="300MB"))
+    assert runtime.plan_memory(config, manifest=None, kv_tokens=1, tree_rows=1, sampling=False)[1] == 300_000_000
+
+
+@pytest.mark.real
+def test_build_reads_the_manifest_once(smol_store, monkeypatch):
+    store = smol_store
+    loads = []
+    real_load = StoreManifest.load.__func__
+
+    def counting_load(cls, path, *a, **kw):
+        loads.append(Path(path))
+        return real_load(cls, path, *a, **kw)
+
+    monkeypatch.setattr(StoreManifest, "load", classmethod(counting_load))
+    config = RunConfig(target=TargetConfig(store=store, dtype="bf16"), memory=MemoryConfig(dram_budget="200MB"),
+                       progress=False)
+    run = runtime.build(config, tree_rows=9, sampling=False, kv=runtime.kv_rule(new_tokens=16, floor=64))
+    try:
+        assert loads == [store]
+        assert run.streamed and run.dram_budget == 200_000_000 and run.kv_tokens == 1024 + 16
+        assert run.target.manifest is run.manifest and run.drafter is None and run.memory is None
+    finally:
+        run.close()
+
+
+@pytest.mark.real
+def test_generate_never_writes_the_parsed_options(smol_store, monkeypatch, capsys):
+    store = smol_store
+    argv = ["generate", "--target-store", str(store), "--dram-budget", "200MB", "--draft", "ngram",
+            "--prompt", "ab", "--max-new-tokens", "4", "--no-chat", "--json", "--dtype", "BF16"]
+    seen = {}
+    real_build = runtime.build
+
+    def spy(config, **kw):
+        seen["config"] = config
+        return real_build(config, **kw)
+
+    parser_parse = build_parser().parse_args(argv)
+    before = dict(vars(parser_parse))
+    monkeypatch.setattr("lever.commands.generate.build", spy)
+    assert parser_parse.run(parser_parse) == 0
+    assert vars(parser_parse) == before                # nothing written back into the Namespace
+    out = json.loads(capsys.readouterr().out)
+    assert out["dtype"] == "bfloat16" and out["mode"] == "tree"
+    assert seen["config"].memory.dram_budget == 200_000_000 and seen["config"].target.dtype == "bfloat16"
+
+
+def test_run_config_from_args_reads_every_part():
+    args = Namespace(target_store=None, model="m", dtype="fp32", kernels="native", draft="d", draft_head="q4_0",
+                     reader="pread", prefetch_depth="3", read_queue_depth=8, read_limit=5e8, memory_limit=None,
+                     dram_budget=None, cache_dir="/c", no_progress=True)
+    config = RunConfig.from_args(args)
+    assert config.target == TargetConfig(model="m", dtype="float32")
+    assert config.draft == DraftConfig("d", "q4_0")
+    assert config.reader == ReaderConfig("pread", 3, 8, 5e8)
+    assert config.cache_dir == "/c" and config.progress is False
+    assert RunConfig.from_args(args, draft=None).draft.name is None
+
+
+@pytest.mark.real
+def test_each_gguf_is_parsed_once_under_a_memory_limit(smollm2_path, monkeypatch, capsys):
+    """--memory-limit sizes the target and the draft from their headers; the
+    loaders get those parses instead of reading the files again."""
+    from lever.gguf import file as gguf_file
+    parses = []
+    real_init = gguf_file.GGUFFile.__init__
+
+    def counting_init(self, path, *a, **kw):
+        parses.append(Path(path))
+        real_init(self, path, *a, **kw)
+
+    monkeypatch.setattr(gguf_file.GGUFFile, "__init__", counting_init)
+    assert main(["generate", "--model", str(smollm2_path), "--draft", str(smollm2_path), "--mode", "chain",
+                 "--memory-limit", "2GB", "--prompt", "Hi", "--max-new-tokens", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"]["plan"]
+    assert parses.count(Path(smollm2_path)) == 2          # once as the target, once as the draft
