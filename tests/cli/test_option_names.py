@@ -12,10 +12,12 @@ from lever.cli import build_parser, main
 
 SHARED = ("--dtype", "--kernels", "--target-store", "--max-new-tokens", "--cache-dir", "--dram-budget",
           "--memory-limit", "--reader", "--prefetch-depth", "--read-queue-depth", "--read-limit", "--draft-head",
-          "--temperature", "--seed")
+          "--temperature", "--seed", "--draft", "--probes", "--no-progress", "--reprofile", "--host", "--port",
+          "--token-file", "--model")
 
 # one definition whose help names what the command applies it to (the tokens, the target, the default seed)
-PARAMETERISED_HELP = ("--max-new-tokens", "--seed", "--dram-budget", "--target-store")
+PARAMETERISED_HELP = ("--max-new-tokens", "--seed", "--dram-budget", "--target-store", "--draft", "--probes", "--port",
+                      "--token-file", "--model")
 
 # (command line before the option, old spelling, new spelling, a value)
 ALIASES = [

@@ -35,8 +35,9 @@ from .bench_modes import MODE_HELP, TREE_DEPTH, TREE_TOPK, BenchMode, parse_mode
 from .bench_report import machine_info
 from .bench_setup import FULL, QUICK
 from .limits import MAX_BENCH_PROMPTS
-from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft_head, add_dram_budget,
-                      add_max_new_tokens, add_reader_options, add_sampling_options, add_target_choice)
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft, add_draft_head,
+                      add_dram_budget, add_max_new_tokens, add_no_progress, add_probes, add_reader_options,
+                      add_sampling_options, add_target_choice)
 
 # parse_mode, parse_modes, BenchMode and machine_info are part of this module's API (bench/bench_remote.py)
 __all__ = ["add_parser", "add_arguments", "run", "BenchMode", "parse_mode", "parse_modes", "machine_info"]
@@ -54,8 +55,7 @@ def add_parser(subparsers) -> None:
 def add_arguments(p) -> None:
     """Every `lever bench` option (also read back by bench_capped to build a child's command line)."""
     add_target_choice(p)
-    p.add_argument("--draft", type=arg_types.name, default="ngram", metavar="NAME",
-                   help="draft model kept in DRAM (registered name or path), or 'ngram' (default)")
+    add_draft(p, default="ngram", note="default ngram")
     add_draft_head(p)
     add_dram_budget(p)
     p.add_argument("--memory-cap", type=arg_types.size, default=None, metavar="SIZE",
@@ -70,10 +70,10 @@ def add_arguments(p) -> None:
                    help=f"modes to compare, each {MODE_HELP}; tree:N = node budget N, topk {TREE_TOPK}, "
                         f"depth {TREE_DEPTH}; lever = the gain-cost policy (default: {' '.join(FULL['modes'])}, "
                         f"plus lever with a draft model; ar is always included)")
-    p.add_argument("--probes", default="off", choices=["on", "off", "auto"],
-                   help="on: every drafting mode also runs as its +probes twin (early-exit pruning with the "
-                        "probe of `lever probe train`), side by side; auto: so when the target's probe was found "
-                        "worth running; off: modes run as written (default)")
+    add_probes(p, default="off",
+               help="on: every drafting mode also runs as its +probes twin (early-exit pruning with the "
+                    "probe of `lever probe train`), side by side; auto: so when the target's probe was found "
+                    "worth running; off: modes run as written (default)")
     p.add_argument("--prompts", type=arg_types.integer(1, MAX_BENCH_PROMPTS), default=None, metavar="N",
                    help=f"first N prompts of the set (default {FULL['prompts']})")
     p.add_argument("--prompt-set", type=arg_types.name, default="v1", metavar="VERSION",
@@ -102,7 +102,7 @@ def add_arguments(p) -> None:
     add_cache_dir(p)
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate exactly --max-new-tokens tokens per prompt (do not stop at end-of-sequence)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_no_progress(p)
     p.add_argument("--no-plot", action="store_true",
                    help="write the JSON only, no PNG (the children of --memory-cap: importing matplotlib "
                         "would add to the measured process)")

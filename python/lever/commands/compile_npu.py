@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import LeverError
 from . import arg_types
-from .options import add_backend_options, add_cache_dir, add_target_choice
+from .options import add_backend_options, add_cache_dir, add_no_progress, add_target_choice
 
 
 def add_parser(subparsers) -> None:
@@ -34,7 +34,7 @@ def add_parser(subparsers) -> None:
                         "<cache>/npu, where --backend qnn finds them)")
     p.add_argument("--force", action="store_true", help="compile again buckets already compiled")
     add_cache_dir(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_no_progress(p)
     p.set_defaults(run=run, backend="qnn")
 
 

@@ -13,7 +13,8 @@ from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
 from .limits import MAX_CALL_COST_MS, MAX_RETRY_DEADLINE_S
 from .options import (add_backend_options, add_cache_dir, add_compute_options, add_dram_budget, add_max_new_tokens,
-                      add_reader_options, add_sampling_options, add_spec_options, add_target_store)
+                      add_probes, add_reader_options, add_reprofile, add_sampling_options, add_spec_options,
+                      add_target_store)
 from ..memory.run_plan import memory_report
 from .memory_limit import print_memory_line
 from .prompt_input import add_prompt_options, read_prompt
@@ -48,12 +49,11 @@ def add_parser(subparsers) -> None:
                             "the default with a draft model on --backend cpu-static|qnn)")
     ahead.add_argument("--no-draft-ahead", action="store_true",
                        help="do not draft ahead, also on a static-shape backend")
-    spec.add_argument("--probes", default="auto", choices=["on", "off", "auto"],
-                      help="early-exit pruning of the target's tree passes with the probe trained for it "
-                           "(`lever probe train`): on, off, or auto = on when a probe exists and its training "
-                           "found it worth running (default auto)")
-    spec.add_argument("--reprofile", action="store_true",
-                      help="mode lever: measure the device profile again even if one is cached")
+    add_probes(spec, default="auto",
+               help="early-exit pruning of the target's tree passes with the probe trained for it "
+                    "(`lever probe train`): on, off, or auto = on when a probe exists and its training "
+                    "found it worth running (default auto)")
+    add_reprofile(spec)
     add_reader_options(flash)
     remote = p.add_argument_group("edge-cloud: the target on a verifier server (`lever serve-verifier`)")
     remote.add_argument("--remote", type=arg_types.name, default=None, metavar="URL",

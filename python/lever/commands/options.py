@@ -158,8 +158,7 @@ def add_spec_options(spec, mode_help: str) -> None:
     """The draft and tree-shape options of a decoding command (`generate`, `serve`):
     --draft, --draft-head, --mode (described by `mode_help`), --draft-len, --tree-budget/-topk/-depth
     and --lever-max-nodes/-max-depth/-topk, on the argument group `spec`."""
-    spec.add_argument("--draft", type=arg_types.name, default=None, metavar="NAME",
-                      help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)")
+    add_draft(spec)
     add_draft_head(spec)
     spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree", "lever"], help=mode_help)
     spec.add_argument("--draft-len", type=arg_types.integer(1, MAX_DRAFT_LEN), default=4, metavar="K",
@@ -177,3 +176,37 @@ def add_spec_options(spec, mode_help: str) -> None:
     spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
                       help=f"mode lever: children the draft offers per expanded node, 1..{MAX_TREE_TOPK} "
                            f"(default 4)")
+
+
+def add_draft(p, *, default: str | None = None, required: bool = False, note: str = "") -> None:
+    """--draft NAME: the draft model kept in DRAM (registered name or path) or
+    'ngram' (prompt lookup); `note` ends the help (what this command needs of it)."""
+    p.add_argument("--draft", type=arg_types.name, default=default, required=required, metavar="NAME",
+                   help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)"
+                        + (f"; {note}" if note else ""))
+
+
+def add_probes(p, *, default: str, help: str) -> None:
+    """--probes on|off|auto: early-exit pruning with the target's trained probe (`lever probe train`)."""
+    p.add_argument("--probes", default=default, choices=["on", "off", "auto"], help=help)
+
+
+def add_reprofile(p) -> None:
+    """--reprofile: mode lever measures the device profile again."""
+    p.add_argument("--reprofile", action="store_true",
+                   help="mode lever: measure the device profile again even if one is cached")
+
+
+def add_no_progress(p) -> None:
+    """--no-progress: no progress lines or bars on stderr."""
+    p.add_argument("--no-progress", action="store_true", help="no progress lines or bars on stderr")
+
+
+def add_server_address(p, *, port: int, token_help: str) -> None:
+    """--host, --port and --token-file of a server (`lever serve`, `lever serve-verifier`)."""
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; any other address needs --token-file)")
+    p.add_argument("--port", type=arg_types.integer(0, 65535), default=port, help=f"port (default {port}; 0: any free)")
+    p.add_argument("--token-file", type=arg_types.name, default=None, metavar="F",
+                   help="file holding the bearer token clients must send " + token_help
+                        + ": at least 16 printable ASCII characters, readable by its owner only (chmod 600)")

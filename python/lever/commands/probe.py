@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ..errors import LeverError
 from . import arg_types
-from .options import (add_cache_dir, add_compute_options, add_draft_head, add_dram_budget, add_max_new_tokens,
-                      add_reader_options, add_target_choice)
+from .options import (add_cache_dir, add_compute_options, add_draft, add_draft_head, add_dram_budget,
+                      add_max_new_tokens, add_no_progress, add_reader_options, add_target_choice)
 
 CORPUS = "calibration_prompts_v1.json"
 REPORT_JSON, REPORT_PNG = "report.json", "report.png"
@@ -49,8 +49,7 @@ def add_record(sub) -> None:
                                    f"(budget {TREE_SHAPE['budget']}, top-{TREE_SHAPE['topk']}, depth "
                                    f"{TREE_SHAPE['depth']}) and mode lever, recording every draft node.")
     add_target_choice(p)
-    p.add_argument("--draft", type=arg_types.name, required=True, metavar="NAME",
-                   help="draft model (registered name or path); mode lever needs its probabilities")
+    add_draft(p, required=True, note="a draft model: mode lever needs its probabilities")
     add_draft_head(p)
     p.add_argument("--out", type=arg_types.directory, required=True, metavar="DIR", help="trace directory to write")
     p.add_argument("--prompts", type=arg_types.integer(2, 10_000), default=None, metavar="N",
@@ -67,7 +66,7 @@ def add_record(sub) -> None:
     add_compute_options(p, kernels=False)
     add_reader_options(p)
     add_cache_dir(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_no_progress(p)
     p.set_defaults(run=run_record)
 
 

@@ -13,8 +13,8 @@ from . import arg_types
 from .limits import MAX_TREE_NODES
 from ..memory.run_plan import memory_report
 from .memory_limit import print_memory_line
-from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft_head, add_dram_budget,
-                      add_reader_options, add_target_choice)
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft, add_draft_head,
+                      add_dram_budget, add_no_progress, add_probes, add_reader_options, add_target_choice)
 
 # KV rows a streamed target budgets for, as `lever generate` does for short
 # runs, so the profile sees the residency (pinned layers) of a real run
@@ -40,8 +40,7 @@ def add_parser(subparsers) -> None:
                     "per-iteration host work on this device; cache them per (models, store, backend, machine) "
                     "and print the predicted pass times.")
     add_target_choice(p)
-    p.add_argument("--draft", type=arg_types.name, required=True, metavar="NAME",
-                   help="draft model kept in DRAM (registered name or path); 'ngram' has nothing to measure")
+    add_draft(p, required=True, note="a draft model: 'ngram' has nothing to measure")
     add_draft_head(p)
     add_dram_budget(p)
     add_compute_options(p)
@@ -50,15 +49,15 @@ def add_parser(subparsers) -> None:
                    help=f"largest tree (tokens per target pass) to measure, 1..{MAX_TREE_NODES} (default 256; "
                         f"a static backend measures its row buckets instead)")
     p.add_argument("--force", action="store_true", help="measure again even if a cached profile exists")
-    p.add_argument("--probes", default="auto", choices=["on", "off", "auto"],
-                   help="also predict passes pruned early by the target's probe (`lever probe train`) at its "
-                        "held-out survival: on, off, or auto = when a probe exists and was found worth running "
-                        "(default auto)")
+    add_probes(p, default="auto",
+               help="also predict passes pruned early by the target's probe (`lever probe train`) at its "
+                    "held-out survival: on, off, or auto = when a probe exists and was found worth running "
+                    "(default auto)")
     add_cache_dir(p)
     p.add_argument("--json", action="store_true", help="print the profile as JSON instead of the table")
     p.add_argument("--plot", type=arg_types.output_file, default=None, metavar="PATH",
                    help="also write a PNG of pass and draft times")
-    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    add_no_progress(p)
     add_backend_options(p)
     p.set_defaults(run=run)
 

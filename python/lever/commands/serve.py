@@ -15,7 +15,7 @@ from ..errors import LeverError
 from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
 from .options import (add_cache_dir, add_compute_options, add_dram_budget, add_max_new_tokens, add_reader_options,
-                      add_sampling_options, add_spec_options, add_target_store)
+                      add_reprofile, add_sampling_options, add_server_address, add_spec_options, add_target_store)
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -28,12 +28,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model-name", type=arg_types.name, default=None, metavar="NAME",
                    help="the name clients use in requests and /v1/models lists (default: --model, or the "
                         "store's directory name)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other "
-                                                       "address needs --token-file)")
-    p.add_argument("--port", type=arg_types.integer(0, 65535), default=8080, help="port (default 8080; 0: any free)")
-    p.add_argument("--token-file", default=None, metavar="F",
-                   help="file holding the bearer token clients must send (the OpenAI client's api_key): at least "
-                        "16 printable ASCII characters, readable by its owner only (chmod 600)")
+    add_server_address(p, port=8080, token_help="(the OpenAI client's api_key)")
     p.add_argument("--max-queue", type=arg_types.integer(1, 1 << 20), default=16, metavar="N",
                    help="requests that may wait for the engine; one more is answered 429 (default 16)")
     add_max_new_tokens(p, default=4096, old="--max-tokens",
@@ -61,8 +56,7 @@ def add_parser(subparsers) -> None:
                            "sized per iteration from this device's profile, one calibration per sampling setting "
                            "(default: lever with a draft model and --target-store, tree with another --draft, "
                            "else ar)")
-    spec.add_argument("--reprofile", action="store_true",
-                      help="mode lever: measure the device profile again even if one is cached")
+    add_reprofile(spec)
     spec.add_argument("--draft-ahead", action="store_true",
                       help="while the target verifies a tree, a draft model extends it along its own most likely "
                            "path (output unchanged)")

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import LeverError
 from . import arg_types
 from .limits import MAX_IDLE_TTL_S, MAX_NEW_TOKENS, MAX_SESSIONS, MAX_TREE_NODES
-from .options import add_cache_dir, add_compute_options, add_dram_budget, add_reader_options
+from .options import add_cache_dir, add_compute_options, add_dram_budget, add_reader_options, add_server_address
 
 VERIFY_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 MIN_TOKEN_BYTES = 16
@@ -28,14 +28,9 @@ def add_parser(subparsers) -> None:
         description="Serve a target model over HTTP for `lever generate --remote URL`: clients draft "
                     "locally and send token trees; this server verifies them exactly (greedy or sampling) "
                     "and keeps each session's KV cache.")
-    p.add_argument("--model", required=True, metavar="NAME_OR_STORE",
+    p.add_argument("--model", type=arg_types.name, required=True, metavar="NAME_OR_STORE",
                    help="registered model name, GGUF file, checkpoint dir, or a flash store (`lever convert`)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other "
-                                                       "address needs --token-file)")
-    p.add_argument("--port", type=arg_types.integer(0, 65535), default=8000, help="port (default 8000; 0: any free)")
-    p.add_argument("--token-file", default=None, metavar="F",
-                   help="file holding the bearer token clients must send (Authorization: Bearer ...): at least "
-                        f"{MIN_TOKEN_BYTES} printable ASCII characters, readable by its owner only (chmod 600)")
+    add_server_address(p, port=8000, token_help="(Authorization: Bearer ...)")
     p.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS with this certificate chain "
                                                                    "(needs --tls-key)")
     p.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
