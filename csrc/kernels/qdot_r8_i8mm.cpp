@@ -87,6 +87,18 @@ struct ActPairs {
   }
 };
 
+// What the K-quant tiles read of one activation pair's block: both rows'
+// 16 bsums and their scales d in activation lanes.
+struct PairSums {
+  int16_t a[16], b[16];
+  float32x4_t xd;
+  PairSums(const uint8_t* xa, const uint8_t* xb) {
+    std::memcpy(a, xa + kActBsums, sizeof a);
+    std::memcpy(b, xb + kActBsums, sizeof b);
+    xd = act_lanes(block_bytes::load_f32(xa + kActD), block_bytes::load_f32(xb + kActD));
+  }
+};
+
 // acc[P][c] holds weight rows 2c, 2c + 1 against pair P (pair lanes order);
 // writes them to out (row r at out + r * out_stride, 8 columns).
 template <int NX>
@@ -154,20 +166,16 @@ LEVER_I8MM void q4_k_tile(const uint8_t* w, const uint8_t* x, size_t x_stride, s
       }
       const float32x4_t d = halves4(g, h), dmin = halves4(g + 16, h);
       for (int p = 0; p < NP; ++p) {
-        int16_t bs_a[16], bs_b[16];
-        std::memcpy(bs_a, xs.a[p] + kActBsums, sizeof bs_a);
-        std::memcpy(bs_b, xs.b[p] + kActBsums, sizeof bs_b);
-        const float32x4_t vxd = act_lanes(block_bytes::load_f32(xs.a[p] + kActD),
-                                          block_bytes::load_f32(xs.b[p] + kActD));
+        const PairSums x2(xs.a[p], xs.b[p]);
         for (int c = 0; c < 2; ++c) {
           int32x4_t offs = vdupq_n_s32(0);
           for (int j = 0; j < 8; ++j) {
             offs = vmlaq_s32(offs, pair_lanes(mn[j], c),
-                             act_lanes(bs_a[2 * j] + bs_a[2 * j + 1], bs_b[2 * j] + bs_b[2 * j + 1]));
+                             act_lanes(x2.a[2 * j] + x2.a[2 * j + 1], x2.b[2 * j] + x2.b[2 * j + 1]));
           }
           const float32x4_t t =
-              vsubq_f32(vmulq_f32(vmulq_f32(pair_lanes(d, c), vxd), vcvtq_f32_s32(dot[p][c])),
-                        vmulq_f32(vmulq_f32(pair_lanes(dmin, c), vxd), vcvtq_f32_s32(offs)));
+              vsubq_f32(vmulq_f32(vmulq_f32(pair_lanes(d, c), x2.xd), vcvtq_f32_s32(dot[p][c])),
+                        vmulq_f32(vmulq_f32(pair_lanes(dmin, c), x2.xd), vcvtq_f32_s32(offs)));
           acc[p][2 * h + c] = vaddq_f32(acc[p][2 * h + c], t);
         }
       }
@@ -226,17 +234,13 @@ LEVER_I8MM void q6_k_tile(const uint8_t* w, const uint8_t* x, size_t x_stride, s
       }
       const float32x4_t d = halves4(g + 1664, h);
       for (int p = 0; p < NP; ++p) {
-        int16_t bs_a[16], bs_b[16];
-        std::memcpy(bs_a, xs.a[p] + kActBsums, sizeof bs_a);
-        std::memcpy(bs_b, xs.b[p] + kActBsums, sizeof bs_b);
-        const float32x4_t vxd = act_lanes(block_bytes::load_f32(xs.a[p] + kActD),
-                                          block_bytes::load_f32(xs.b[p] + kActD));
+        const PairSums x2(xs.a[p], xs.b[p]);
         for (int c = 0; c < 2; ++c) {
           int32x4_t offs = vdupq_n_s32(0);
           for (int gi = 0; gi < 16; ++gi) {
-            offs = vmlaq_s32(offs, pair_lanes(sc[gi], c), act_lanes(int32_t{bs_a[gi]}, int32_t{bs_b[gi]}));
+            offs = vmlaq_s32(offs, pair_lanes(sc[gi], c), act_lanes(int32_t{x2.a[gi]}, int32_t{x2.b[gi]}));
           }
-          acc[p][2 * h + c] = scaled_pair_update(acc[p][2 * h + c], pair_lanes(d, c), vxd,
+          acc[p][2 * h + c] = scaled_pair_update(acc[p][2 * h + c], pair_lanes(d, c), x2.xd,
                                                  vsubq_s32(dot[p][c], vshlq_n_s32(offs, 5)));
         }
       }
