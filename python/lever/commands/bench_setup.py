@@ -12,10 +12,9 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..config import DecodeConfig, RunConfig
+from ..config import DecodeConfig, ReaderConfig, RunConfig
 from ..errors import LeverError
-from ..runtime import PROMPT_ALLOWANCE, build, kv_tokens
-from ..model.streamed_decoder import StreamedDecoder
+from ..runtime import PROMPT_ALLOWANCE, build, kv_tokens, load_streamed
 from .bench_modes import LEVER, BenchMode, parse_modes, with_probe_twins
 
 QUICK = dict(prompts=2, new_tokens=16, modes=["ar", "chain:4", "tree:16"])
@@ -186,8 +185,8 @@ def load_target(args, b: BenchSetup, cleanup: list) -> None:
     b.layers = apply_backend(args, b.target)  # None on the native backend
     b.load_s = time.perf_counter() - t0
     if args.resident and b.streamed:          # the same store with every extent pinned in DRAM
-        b.resident = StreamedDecoder(b.store, EVERYTHING, config.target.dtype, backend=config.reader.backend,
-                                     kv_tokens=b.kv_tokens, manifest=b.manifest)
+        b.resident = load_streamed(config.target, ReaderConfig(backend=config.reader.backend), EVERYTHING,
+                                   kv_tokens=b.kv_tokens, tokenizer=b.loaded.tokenizer, manifest=b.manifest).model
         cleanup.append(b.resident.close)
         apply_backend(args, b.resident)       # the reference runs its layers where the target does
 
