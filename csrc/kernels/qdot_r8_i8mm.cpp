@@ -99,6 +99,14 @@ struct PairSums {
   }
 };
 
+// acc[P][c] = 0 for every activation pair P and weight-row pair c.
+template <int NP>
+LEVER_NEON_INLINE void zero_pairs(float32x4_t (&acc)[NP][4]) {
+  for (int p = 0; p < NP; ++p) {
+    for (int c = 0; c < 4; ++c) acc[p][c] = vdupq_n_f32(0.0f);
+  }
+}
+
 // acc[P][c] holds weight rows 2c, 2c + 1 against pair P (pair lanes order);
 // writes them to out (row r at out + r * out_stride, 8 columns).
 template <int NX>
@@ -127,7 +135,7 @@ LEVER_I8MM void q4_k_tile(const uint8_t* w, const uint8_t* x, size_t x_stride, s
   constexpr int NP = (NX + 1) / 2;
   const uint8x16_t low4 = vdupq_n_u8(0x0F);
   float32x4_t acc[NP][4];
-  for (int p = 0; p < NP; ++p) for (int c = 0; c < 4; ++c) acc[p][c] = vdupq_n_f32(0.0f);
+  zero_pairs(acc);
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* g = w + b * kQ4KGroupBlock;
     const ActPairs<NX> xs(x, x_stride, b * kActBytes);
@@ -192,7 +200,7 @@ LEVER_I8MM void q6_k_tile(const uint8_t* w, const uint8_t* x, size_t x_stride, s
   constexpr int NP = (NX + 1) / 2;
   const uint8x16_t low4 = vdupq_n_u8(0x0F), three = vdupq_n_u8(3);
   float32x4_t acc[NP][4];
-  for (int p = 0; p < NP; ++p) for (int c = 0; c < 4; ++c) acc[p][c] = vdupq_n_f32(0.0f);
+  zero_pairs(acc);
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* g = w + b * kQ6KGroupBlock;
     const ActPairs<NX> xs(x, x_stride, b * kActBytes);
@@ -256,7 +264,7 @@ LEVER_I8MM void q8_0_tile(const uint8_t* w, const uint8_t* x, size_t x_stride, s
                           float* out, size_t out_stride) {
   constexpr int NP = (NX + 1) / 2;
   float32x4_t acc[NP][4];
-  for (int p = 0; p < NP; ++p) for (int c = 0; c < 4; ++c) acc[p][c] = vdupq_n_f32(0.0f);
+  zero_pairs(acc);
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* g = w + b * kQ8_0GroupBlock;
     const ActPairs<NX> xs(x, x_stride, b * kAct32Bytes);
@@ -292,7 +300,7 @@ LEVER_I8MM void nibbles_tile(const uint8_t* w, const uint8_t* x, size_t x_stride
   constexpr int NP = (NX + 1) / 2;
   const uint8x16_t low4 = vdupq_n_u8(0x0F);
   float32x4_t acc[NP][4];
-  for (int p = 0; p < NP; ++p) for (int c = 0; c < 4; ++c) acc[p][c] = vdupq_n_f32(0.0f);
+  zero_pairs(acc);
   for (size_t b = 0; b < n_blocks; ++b) {
     const uint8_t* g = w + b * T::kGroupBlock;
     const ActPairs<NX> xs(x, x_stride, b * kAct32Bytes);

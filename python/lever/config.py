@@ -31,6 +31,7 @@ READER_BACKENDS = ("auto", "io_uring", "pread")
 MODES = ("ar", "chain", "tree", "lever")
 PROBE_CHOICES = ("on", "off", "auto")
 DEFAULT_LEVER_MAX_NODES, DEFAULT_LEVER_MAX_DEPTH, DEFAULT_LEVER_TOPK = 255, 12, 4
+FROM_ARGS = object()                   # RunConfig.from_args: take the value from the parsed options
 
 
 def _choice(what: str, value: str, choices: tuple[str, ...]) -> str:
@@ -153,17 +154,17 @@ class RunConfig:
     progress: bool = True
 
     @classmethod
-    def from_args(cls, args, *, target_model: str | None = None, draft: str | None = "args",
+    def from_args(cls, args, *, target_model: str | None = None, draft: str | None | object = FROM_ARGS,
                   progress: bool | None = None) -> RunConfig:
         """The configuration of a parsed command line (read, never written).
         target_model: the in-memory target when the command names it otherwise
-        than --model; draft: the draft to use ("args": --draft)."""
+        than --model; draft: the draft to use (FROM_ARGS: --draft)."""
         store = getattr(args, "target_store", None)
         model = target_model or getattr(args, "model", None) or DEFAULT_MODEL
         return cls(
             target=TargetConfig(model=model, store=Path(store) if store else None,
                                 dtype=getattr(args, "dtype", "bfloat16"), kernels=getattr(args, "kernels", "native")),
-            draft=DraftConfig(name=getattr(args, "draft", None) if draft == "args" else draft,
+            draft=DraftConfig(name=getattr(args, "draft", None) if draft is FROM_ARGS else draft,
                               head=getattr(args, "draft_head", "stored")),
             reader=ReaderConfig(backend=getattr(args, "reader", "auto"),
                                 prefetch_depth=getattr(args, "prefetch_depth", AUTO_DEPTH),

@@ -62,6 +62,29 @@ def kv_rule(*, new_tokens: int, prompt_tokens: int = PROMPT_ALLOWANCE, extra: in
     return rule
 
 
+class PromptSetKv:
+    """The KV rule of a run over a known prompt set (`lever bench`, `lever probe
+    record`): the longest chat-formatted prompt + `new_tokens` + `extra` rows,
+    at most the store's context; an in-memory target (whose tokenizer comes
+    with the model) gets `in_memory` rows.  The store's encoding is kept in
+    `ids` (one list of token ids per prompt), so the prompts are encoded once."""
+
+    def __init__(self, texts: list[str], *, new_tokens: int, extra: int, in_memory: int):
+        self.texts, self.new_tokens, self.extra, self.in_memory = texts, new_tokens, extra, in_memory
+        self.ids: list[list[int]] = []
+
+    def __call__(self, tokenizer, context) -> int:
+        if tokenizer is None:
+            return self.in_memory
+        self.ids = [tokenizer.encode(tokenizer.format_prompt(t, chat=True)) for t in self.texts]
+        return kv_tokens(prompt_tokens=max(map(len, self.ids)), new_tokens=self.new_tokens, extra=self.extra,
+                         context=context)
+
+    def prompt_ids(self, loaded: LoadedModel) -> list[list[int]]:
+        """The prompts' token ids: the store's encoding, or the in-memory target's."""
+        return self.ids or [loaded.prompt_ids(t) for t in self.texts]
+
+
 # -- loaders (also the Python API's) ---------------------------------------------------
 
 def load_manifest(store: Path) -> StoreManifest:
@@ -181,7 +204,7 @@ class Run:
 
     def lever_policy(self, decode: DecodeConfig, *, context_tokens: int, params: SamplingParams | None = None,
                      max_nodes: int | None = None, pruner=None, npu_profile=None, first: bool = True,
-                     progress: bool | None = None, tune_ring: bool | None = None):
+                     tune_ring: bool | None = None):
         """Mode lever's gain-cost policy for this target and draft model
         (lever.mode_lever.lever_policy): the device profile (re-measured with
         decode.reprofile), the tree limits of `decode` (max_nodes overrides
@@ -190,7 +213,7 @@ class Run:
         ring tuned.  pruner: the probe whose survival forecast the costs
         include; first: False for another policy of the same run (another
         sampling setting): no re-measuring, no ring tuning, no progress.
-        tune_ring / progress: override those choices."""
+        tune_ring: overrides the ring-tuning choice."""
         cfg = self.config
         policy = lever_policy(
             self.target, self.drafter, target_id=self.loaded.path, kernels=cfg.target.kernels,
@@ -199,7 +222,7 @@ class Run:
             cache_dir=cfg.cache_dir, max_nodes=max_nodes if max_nodes is not None else decode.lever_max_nodes,
             max_depth=decode.lever_max_depth, topk=decode.lever_topk, force_profile=decode.reprofile and first,
             tune_ring=(self.streamed and cfg.reader.auto_depth and first) if tune_ring is None else tune_ring,
-            progress=(cfg.progress and first) if progress is None else progress,
+            progress=cfg.progress and first,
             pruning=probe_forecast(pruner), npu_profile=npu_profile, context_tokens=context_tokens)
         if pruner is not None:                 # score a pass only where pruning pays (its cost model)
             pruner.pays = pruning_pays(policy.cost, pruner)

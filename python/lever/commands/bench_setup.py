@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..config import DecodeConfig, ReaderConfig, RunConfig
 from ..errors import LeverError
-from ..runtime import PROMPT_ALLOWANCE, build, kv_tokens, load_streamed
+from ..runtime import PROMPT_ALLOWANCE, PromptSetKv, build, kv_tokens, load_streamed
 from .bench_modes import LEVER, BenchMode, parse_modes, with_probe_twins
 
 QUICK = dict(prompts=2, new_tokens=16, modes=["ar", "chain:4", "tree:16"])
@@ -165,20 +165,14 @@ def load_target(args, b: BenchSetup, cleanup: list) -> None:
     new tokens + a pass's draft rows, at most the store's context."""
     t0 = time.perf_counter()
     config = RunConfig.from_args(args, draft=args.draft if b.needs_draft else None)
-    extra = b.max_draft + 2
-
-    def kv(tokenizer, context):
-        if tokenizer is None:                 # in memory: the prompts are encoded once it is loaded
-            return kv_tokens(prompt_tokens=PROMPT_ALLOWANCE, new_tokens=b.new_tokens, extra=extra)
-        b.ids = [tokenizer.encode(tokenizer.format_prompt(p["text"], chat=True)) for p in b.prompts]
-        return kv_tokens(prompt_tokens=max(map(len, b.ids)), new_tokens=b.new_tokens, extra=extra, context=context)
-
+    kv = PromptSetKv([p["text"] for p in b.prompts], new_tokens=b.new_tokens, extra=b.max_draft + 2,
+                     in_memory=kv_tokens(prompt_tokens=PROMPT_ALLOWANCE, new_tokens=b.new_tokens,
+                                         extra=b.max_draft + 2))
     b.run = build(config, tree_rows=b.tree_rows, sampling=not b.params.greedy, kv=kv, load_draft=False)
     b.loaded, b.memory, b.kv_tokens = b.run.loaded, b.run.memory, b.run.kv_tokens
     b.target_name, b.store, b.manifest, b.budget = config.target.name, config.target.store, b.run.manifest, \
         b.run.dram_budget
-    if not config.target.streamed:
-        b.ids = [b.loaded.prompt_ids(p["text"]) for p in b.prompts]
+    b.ids = kv.prompt_ids(b.loaded)
     if b.streamed:
         cleanup.append(b.target.close)          # the reader's threads and file descriptors
     from .static_backend import apply_backend

@@ -142,7 +142,7 @@ def run_record(args: argparse.Namespace) -> int:
     from ..engine import SpecConfig
     from ..probe.store import probe_key_for
     from ..probe.traces import default_layers, record_traces
-    from ..runtime import MIN_KV_TOKENS, build, kv_tokens
+    from ..runtime import MIN_KV_TOKENS, PromptSetKv, build
 
     if args.draft == "ngram":
         raise LeverError("lever probe record needs a draft model (--draft NAME): prompt lookup ('ngram') has "
@@ -152,19 +152,11 @@ def run_record(args: argparse.Namespace) -> int:
     prompts = corpus_prompts(args.prompts)
     tree = TreeShape(**TREE_SHAPE)
     rows = 1 + max(TREE_SHAPE["budget"], LEVER_MAX_NODES)
-    ids: list[list[int]] = []
-
-    def kv(tokenizer, context):          # a store: the longest prompt + new tokens + a pass; in memory: 2048
-        if tokenizer is None:
-            return MIN_KV_TOKENS
-        ids.extend(tokenizer.encode(tokenizer.format_prompt(p["text"], chat=True)) for p in prompts)
-        return kv_tokens(prompt_tokens=max(map(len, ids)), new_tokens=args.max_new_tokens, extra=rows + 2,
-                         context=context)
-
+    kv = PromptSetKv([p["text"] for p in prompts], new_tokens=args.max_new_tokens, extra=rows + 2,
+                     in_memory=MIN_KV_TOKENS)
     run = build(config, tree_rows=rows, sampling=False, kv=kv, load_draft=False)
     loaded, name = run.loaded, config.target.name
-    if not ids:
-        ids = [loaded.prompt_ids(p["text"]) for p in prompts]
+    ids = kv.prompt_ids(loaded)
     target = loaded.model
     try:
         run.load_draft()
