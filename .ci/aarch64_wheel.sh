@@ -4,7 +4,7 @@
 # with Debian's arm64 CPython 3.11 in a private sysroot (nothing arm64 is
 # installed system-wide: python3:arm64 would replace the host's Python).
 #
-#   bash .ci/aarch64_wheel.sh            # build dist/lever-*-manylinux_*_aarch64.whl and test it
+#   bash .ci/aarch64_wheel.sh            # build dist/lever_llm-*-manylinux_*_aarch64.whl and test it
 #
 # Steps: 1 arm64 sysroot (Debian packages, unpacked)  2-3 host build tools and
 # arm64 wheels of the test dependencies  4 cross-compiled wheel + auditwheel repair
@@ -136,17 +136,17 @@ if ! _PYTHON_HOST_PLATFORM=linux-aarch64 SETUPTOOLS_EXT_SUFFIX=".$SOABI.so" CMAK
   grep -v "is ignored" "$CACHE/wheel-build.log" | tail -40
   fail "wheel build (log: $CACHE/wheel-build.log)"
 fi
-raw=$(ls "$CACHE"/dist-raw/lever-*-linux_aarch64.whl)
+raw=$(ls "$CACHE"/dist-raw/lever_llm-*-linux_aarch64.whl)   # the distribution lever-llm
 contents=$(python -m zipfile -l "$raw")
 grep -q "lever/_native.$SOABI.so" <<< "$contents" || fail "$raw has no lever/_native.$SOABI.so"
 step "wheel: auditwheel repair $(basename "$raw")"
-rm -f dist/lever-*aarch64*.whl
+rm -f dist/lever_llm-*aarch64*.whl dist/lever-*aarch64*.whl   # and any wheel of the old name
 # --plat auto: the oldest manylinux tag the symbol versions allow (glibc 2.36
 # here gives manylinux_2_35 for gcc 12's libstdc++); --ldpaths: the target's libraries.
 auditwheel repair --plat auto -w dist \
   --ldpaths "$SYSROOT/lib/aarch64-linux-gnu:$SYSROOT/usr/lib/aarch64-linux-gnu" "$raw" > "$CACHE/auditwheel.log" 2>&1 \
   || { tail -20 "$CACHE/auditwheel.log"; fail "auditwheel repair"; }
-WHEEL=$(ls dist/lever-*-manylinux_*_aarch64.whl)
+WHEEL=$(ls dist/lever_llm-*-manylinux_*_aarch64.whl)
 step "wheel: $WHEEL"
 
 # --- 5. smoke test -------------------------------------------------------------------

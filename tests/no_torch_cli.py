@@ -4,8 +4,9 @@
     python tests/no_torch_cli.py serve-verifier --model smollm2 ...
 
 `serve-verifier` is served on the main thread (a free port is added when none is
-given) while a second thread waits for it, verifies one tree through the Python
-client and interrupts the server (SIGINT, as Ctrl-C would). Exit status: the
+given) while a second thread waits until the port accepts connections,
+verifies one tree through the Python client and interrupts the server
+(SIGINT, as Ctrl-C would). Exit status: the
 command's, or 3 when torch (or any torch.* module) ended up in sys.modules.
 """
 
@@ -29,20 +30,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_remote_round(url: str, outcome: dict, deadline_s: float = 120.0) -> None:
-    """Wait for the server at `url`, verify one two-node tree, then SIGINT this process."""
-    from lever.remote.client import RemoteVerifier, VerifierUnreachableError
+def one_remote_round(url: str, port: int, outcome: dict, main_done: threading.Event) -> None:
+    """Wait until the server at `url` accepts connections (its Ctrl-C handling is in
+    place by then), verify one two-node tree, then SIGINT this process.  The wait
+    is for the port, with a safety net (waiting.deadline); should the server never
+    come up, this process ends with status 4 instead of being interrupted at an
+    arbitrary point of its start-up."""
+    from lever.remote.client import RemoteVerifier
     from lever.tree import TokenTree
+    from waiting import accepts, deadline
+    stop = time.monotonic() + deadline(120)
+    while not accepts("127.0.0.1", port):
+        if main_done.is_set():
+            return                          # the command ended (an error): nothing to interrupt
+        if time.monotonic() > stop:
+            print(f"no_torch_cli: the server did not listen within {deadline(120):g} s", file=sys.stderr, flush=True)
+            os._exit(4)
+        time.sleep(0.05)
     try:
-        stop = time.monotonic() + deadline_s
-        while True:
-            try:
-                client = RemoteVerifier(url, retry_deadline_s=1.0, timeout_s=30.0)
-                break
-            except VerifierUnreachableError:
-                if time.monotonic() > stop:
-                    raise
-                time.sleep(0.2)
+        client = RemoteVerifier(url, retry_deadline_s=deadline(10), timeout_s=deadline(30))
         client.start([1, 2, 3, 4])
         tree = TokenTree(4)
         tree.add(0, 5, 0.0)
@@ -58,12 +64,17 @@ def one_remote_round(url: str, outcome: dict, deadline_s: float = 120.0) -> None
 def main(argv: list[str]) -> int:
     from lever.cli import main as lever_main
     outcome: dict = {}
+    main_done = threading.Event()
     if argv and argv[0] == "serve-verifier":
         if "--port" not in argv:
             argv = [*argv, "--port", str(free_port())]
-        url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
-        threading.Thread(target=one_remote_round, args=(url, outcome), daemon=True).start()
-    rc = lever_main(argv)
+        port = int(argv[argv.index("--port") + 1])
+        threading.Thread(target=one_remote_round, args=(f"http://127.0.0.1:{port}", port, outcome, main_done),
+                         daemon=True).start()
+    try:
+        rc = lever_main(argv)
+    finally:
+        main_done.set()
     if "error" in outcome:
         print(f"no_torch_cli: the remote round failed: {outcome['error']}", file=sys.stderr)
         return 4

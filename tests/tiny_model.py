@@ -225,14 +225,19 @@ def poke_f32(path, label, value: float) -> None:
 
 
 def run_with_alarm(fn, seconds: int = 20):
-    """fn() with a SIGALRM deadline: a hang fails as TimeoutError (not a LeverError)."""
+    """fn() with a SIGALRM safety net (waiting.deadline(seconds)): a hang fails as TimeoutError
+    (not a LeverError)."""
+    import math
     import signal
 
+    from waiting import deadline
+    limit = math.ceil(deadline(seconds))
+
     def on_alarm(signum, frame):
-        raise TimeoutError(f"no answer within {seconds} s")
+        raise TimeoutError(f"no answer within {limit} s")
 
     old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
+    signal.alarm(limit)
     try:
         return fn()
     finally:

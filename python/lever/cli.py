@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from .errors import LeverError, UsageError
+from .values import __version__
 
 
 class LeverArgumentParser(argparse.ArgumentParser):
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands import bench, compile_npu, convert, generate, models, probe, profile, serve, serve_verifier
 
     parser = LeverArgumentParser(prog="lever", description="Speculative LLM inference with a flash-resident target.")
+    parser.add_argument("--version", action="version", version=f"lever {__version__}",
+                        help="print `lever VERSION` and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")   # subparsers are LeverArgumentParsers too
     sub.required = True
     for command in (generate, convert, models, bench, profile, probe, serve, serve_verifier, compile_npu):

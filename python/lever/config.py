@@ -29,6 +29,7 @@ KERNELS = ("native", "torch")
 DRAFT_HEADS = ("stored", "q4_0")
 READER_BACKENDS = ("auto", "io_uring", "pread")
 MODES = ("ar", "chain", "tree", "lever")
+REMOTE_ENGINES = ("lever", "vllm")
 PROBE_CHOICES = ("on", "off", "auto")
 DEFAULT_LEVER_MAX_NODES, DEFAULT_LEVER_MAX_DEPTH, DEFAULT_LEVER_TOPK = 255, 12, 4
 FROM_ARGS = object()                   # RunConfig.from_args: take the value from the parsed options
@@ -126,14 +127,19 @@ class MemoryConfig:
     """limit: one limit for the whole process (bytes), planned by
     lever.memory.run_plan; dram_budget: what a streamed target alone may use
     (bytes).  At most one of the two; neither: a DRAM budget of
-    DEFAULT_DRAM_BUDGET and nothing else bounded."""
+    DEFAULT_DRAM_BUDGET and nothing else bounded.  context: KV rows (tokens)
+    per sequence the run reserves (--context; None: the command's rule, at
+    most the model's context); a generation that needs more is refused."""
 
     limit: int | None = None
     dram_budget: int | None = None
+    context: int | None = None
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.dram_budget is not None:
             raise UsageError("--memory-limit and --dram-budget are exclusive: give one")
+        if self.context is not None and not (isinstance(self.context, int) and self.context >= 1):
+            raise UsageError(f"--context must be a positive number of tokens, got {self.context!r}")
         for field_name in ("limit", "dram_budget"):
             value = getattr(self, field_name)
             if value is not None:
@@ -171,9 +177,48 @@ class RunConfig:
                                 queue_depth=getattr(args, "read_queue_depth", DEFAULT_QUEUE_DEPTH),
                                 read_limit=getattr(args, "read_limit", 0.0)),
             memory=MemoryConfig(limit=getattr(args, "memory_limit", None),
-                                dram_budget=getattr(args, "dram_budget", None)),
+                                dram_budget=getattr(args, "dram_budget", None),
+                                context=getattr(args, "context", None)),
             cache_dir=getattr(args, "cache_dir", None),
             progress=(not getattr(args, "no_progress", False)) if progress is None else progress)
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """A target verified on a server (edge-cloud mode).
+    url: http(s)://HOST:PORT; engine: "lever" (`lever serve-verifier`) or
+    "vllm" (an unmodified vLLM OpenAI-compatible server); model: vLLM's
+    served model name (None: the only one); branches: vLLM, greedy: the
+    tree's best paths sent per request; token: the server's bearer token;
+    tls_ca: PEM file of certificates to trust (None: the system's);
+    timeout_s: seconds one HTTP exchange may take; retry_deadline_s:
+    seconds to keep retrying an unanswered call; call_cost_s: seconds mode
+    lever adds to each target call when sizing trees (0: fastest)."""
+
+    url: str
+    engine: str = "lever"
+    model: str | None = None
+    branches: int = 1
+    token: str | None = None
+    tls_ca: str | None = None
+    timeout_s: float = 120.0
+    retry_deadline_s: float = 30.0
+    call_cost_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.engine not in REMOTE_ENGINES:
+            raise LeverError(f"unknown remote engine {self.engine!r} (choose from {', '.join(REMOTE_ENGINES)})")
+        if self.engine == "lever" and (self.model is not None or self.branches != 1):
+            raise LeverError("--remote-model and --vllm-branches apply to --remote-engine vllm only")
+        if not self.call_cost_s >= 0:
+            raise LeverError(f"the cost of a target call must be >= 0 seconds, got {self.call_cost_s}")
+
+    @classmethod
+    def from_args(cls, args, *, token: str | None) -> RemoteConfig:
+        """The --remote* options of a parsed command line; token: read from --token-file by the caller."""
+        return cls(url=args.remote, engine=args.remote_engine, model=args.remote_model, branches=args.vllm_branches,
+                   token=token, tls_ca=args.tls_ca, timeout_s=args.timeout, retry_deadline_s=args.retry_deadline,
+                   call_cost_s=args.call_cost_ms / 1e3)
 
 
 def default_mode(draft: str | None, streamed: bool) -> str:

@@ -191,14 +191,15 @@ def speculative_generate(target, drafter: Drafter | None, prompt_ids: list[int],
                          on_token=None) -> tuple[GenerationResult, SpecStats]:
     """Generate with the target's exact output, using `drafter` to propose tokens."""
     check_context(len(prompt_ids), max_new_tokens, target.config.max_context, *tree_room(target, spec))
-    capacity = kv_tokens(prompt_tokens=len(prompt_ids), new_tokens=max_new_tokens, extra=spec.max_tree_nodes + 2)
-    verifier = TargetVerifier(target, params, capacity=capacity, pass_hook=spec.pruner)
-    if spec.pruner is None:
-        return run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
-    before = spec.pruner.stats.copy()
-    result, stats = run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
-    stats.probes = spec.pruner.stats.since(before)
-    return result, stats
+    verifier = TargetVerifier(target, params, capacity=verifier_capacity(len(prompt_ids), max_new_tokens, spec),
+                              pass_hook=spec.pruner)
+    return run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
+
+
+def verifier_capacity(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig) -> int:
+    """KV rows (tokens) a target verifier needs for one generation: the prompt,
+    the new tokens and the largest tree of `spec`."""
+    return kv_tokens(prompt_tokens=prompt_tokens, new_tokens=max_new_tokens, extra=spec.max_tree_nodes + 2)
 
 
 def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
@@ -220,6 +221,7 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
         return result, stats
     policy = spec.tree_policy(verifier.vocab_size)
     first_record = policy.observed
+    probes_before = spec.pruner.stats.copy() if spec.pruner is not None else None
     ahead = None
     t_start = time.perf_counter()
     try:
@@ -279,6 +281,8 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
         if ahead:
             ahead.close()
         stats.policy = policy.report(since=first_record)
+        if probes_before is not None:
+            stats.probes = spec.pruner.stats.since(probes_before)
     return result, stats
 
 

@@ -9,8 +9,10 @@ from typing import Callable
 
 from .autoregressive import GenerationResult, generate_tokens
 from .engine import SpecConfig, run_speculative, speculative_generate
+from .errors import LeverError
 from .model_config import ModelConfig
 from .model.tokenizer import IncrementalDecoder, Tokenizer
+from .model.tokenizer_match import check_drafter
 from .sampling import SamplingParams
 
 
@@ -77,8 +79,16 @@ class LoadedModel:
         With `drafter` and `spec` (a `lever.engine.SpecConfig`) decoding is
         speculative; the output is the same as without.  With `verifier` (a
         `lever.remote.client.RemoteVerifier`) the target is the verifier's and
-        this model only drafts and tokenizes (see lever.remote.edge).
+        this model only drafts and tokenizes (see lever.edge).  A `drafter`
+        without `spec` (and without `verifier`) is a LeverError: it would go
+        unused, so it names the missing `spec` rather than decode plainly.
         ignore_eos: generate max_new_tokens tokens, not stopping at end-of-sequence."""
+        if drafter is not None and spec is None and verifier is None:
+            raise LeverError("generate(drafter=...) needs spec= to decode speculatively, e.g. "
+                             "spec=SpecConfig(\"chain\", draft_len=4) (from lever.engine import SpecConfig); "
+                             "without a drafter it decodes plainly")
+        if drafter is not None:        # a draft model must share this model's tokenizer (checked once per drafter)
+            check_drafter(self.tokenizer, drafter, self.path)
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         ids = list(prompt_ids) if prompt_ids is not None else self.prompt_ids(prompt, chat)
         stream = IncrementalDecoder(self.tokenizer, skip_special_tokens=True) if on_text else None

@@ -1,6 +1,8 @@
 """Setting up mode lever (the gain-cost tree policy) for a target and a draft
-model: the device profile (cached, measured on first use), the cost model
-built from it, and the acceptance calibration persisted next to the profiles.
+model: the device profile (cached; on first use a quick estimate of a few
+seconds, lever.cost.quick, unless a full measurement is cached, which
+`--reprofile` and `lever profile` make), the cost model built from it, and
+the acceptance calibration persisted next to the profiles.
 
     policy = lever_policy(target, drafter, target_id=..., ...)
     spec = SpecConfig("lever", policy=policy)
@@ -36,7 +38,7 @@ from .cost import ring_depth
 from .cost.cost_model import CostModel
 from .cost.identity import model_identity
 from .cost.measure import printer
-from .cost.profile import load_or_measure, profile_key
+from .cost.profile import load_or_estimate, load_or_measure, profile_key
 from .draft.calibration import AcceptanceCalibration
 from .draft.gain_cost import GainCostPolicy
 from .draft.model_drafter import ModelDrafter
@@ -82,8 +84,10 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
                            reader_backend=reader, read_limit_bytes_per_s=read_limit_bytes_per_s, dtype=dtype)
 
     def measured():
-        return load_or_measure(target, drafter.model, key_of(target), cache_dir=cache_dir, force=force_profile,
-                               progress=progress)
+        if force_profile:               # --reprofile: the full measurement, which later runs then prefer
+            return load_or_measure(target, drafter.model, key_of(target), cache_dir=cache_dir, force=True,
+                                   progress=progress)
+        return load_or_estimate(target, drafter.model, key_of(target), cache_dir=cache_dir, progress=progress)
 
     npu_info = None
     if npu_profile is not None:

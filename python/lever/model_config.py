@@ -17,7 +17,7 @@ INT_LIMITS = {
     "n_heads": 1024,
     "n_kv_heads": 1024,
     "head_dim": 1024,               # elements
-    "max_context": 1 << 24,         # tokens
+    "max_context": 1 << 22,         # tokens: 4 Mi, the longest context a Llama/Qwen2 GGUF declares
 }
 BOOL_FIELDS = ("tie_word_embeddings", "attention_bias")
 

@@ -1,16 +1,20 @@
 """Assembling a run from its configuration (lever.config): the one place that
 plans memory, opens a flash store (its manifest read once, handed down),
-loads the target and the draft, sizes the KV caches and sets up mode lever's
-policy and the early-exit probes.
+loads the target and the draft, sizes the KV caches, sets up mode lever's
+policy and the early-exit probes, and makes the verifiers.
 
     config = RunConfig.from_args(args)                    # or RunConfig(TargetConfig(...), ...)
     run = build(config, tree_rows=..., sampling=..., kv=kv_rule(...))
-    ... run.loaded.generate(...) / speculative_generate(run.target, run.drafter, ...) ...
+    completion = run.generate(prompt, decode, spec=SpecConfig(...))
     run.close()
 
-Commands are parse -> config -> build -> run -> report; the Python API
-(`lever.load`, `lever.load_store`, `lever.make_drafter`) goes through the
-loaders here too.
+The verifiers, one constructor each: `Run.verifier` (the target in this
+process), `Run.verifier_server` (the target behind `lever serve-verifier`,
+whose batcher shares passes between sessions) and `connect` (a target on a
+server: `lever serve-verifier` or vLLM; what the edge client, lever.edge,
+verifies with).  Commands are parse -> config -> build -> run -> report;
+the Python API (`lever.load`, `lever.load_store`, `lever.make_drafter`)
+goes through the loaders here too.
 """
 
 from __future__ import annotations
@@ -20,25 +24,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .autoregressive import kv_tokens
-from .config import DEFAULT_DRAM_BUDGET, DecodeConfig, DraftConfig, ReaderConfig, RunConfig, TargetConfig
+from .autoregressive import check_context, kv_tokens
+from .config import (DEFAULT_DRAM_BUDGET, DecodeConfig, DraftConfig, ReaderConfig, RemoteConfig, RunConfig,
+                     TargetConfig)
 from .draft.model_drafter import ModelDrafter
 from .draft.ngram import NgramDrafter
-from .errors import StoreError
+from .engine import run_speculative, tree_room, verifier_capacity
+from .errors import ContextOverflowError, StoreError
 from .gguf.file import GGUFFile
 from .gguf.registry import resolve_model
-from .loaded import LoadedModel
+from .loaded import Completion, LoadedModel
 from .memory.rss import current_rss
 from .memory.run_plan import model_file, plan_run
 from .mode_lever import lever_policy, save_calibration
 from .model.loading import load_model
 from .model.streamed_decoder import StreamedDecoder
 from .model.tokenizer import Tokenizer
+from .model.tokenizer_match import accept_drafter, check_run_tokenizers
 from .probe.choice import probe_forecast, probe_pruner, pruning_pays
 from .sampling import SamplingParams
 from .store.flash_reader import drop_page_cache
 from .store.manifest import TOKENIZER, StoreManifest
 from .values import cache_root
+from .verify.target_pass import TargetVerifier
 
 # -- KV sizing ---------------------------------------------------------------------
 
@@ -152,6 +160,21 @@ def load_drafter(draft: DraftConfig, *, dtype: str = "bfloat16", kernels: str = 
     return ModelDrafter(model, path=path)
 
 
+def connect(remote: RemoteConfig, params: SamplingParams, *, vocab_size: int):
+    """A verifier on a server, sampling with `params`: a
+    lever.remote.client.RemoteVerifier for `lever serve-verifier`, a
+    lever.remote.vllm_verifier.VllmVerifier for an unmodified vLLM server
+    (vocab_size: the drafting model's vocabulary, in tokens)."""
+    from .remote.client import RemoteVerifier        # http.client and ssl: only when a server is used,
+    from .remote.vllm_verifier import VllmVerifier   # so `import lever.api` stays light
+    if remote.engine == "vllm":
+        return VllmVerifier(remote.url, params, vocab_size=vocab_size, model=remote.model, branches=remote.branches,
+                            token=remote.token, retry_deadline_s=remote.retry_deadline_s, timeout_s=remote.timeout_s,
+                            tls_ca=remote.tls_ca)
+    return RemoteVerifier(remote.url, params, token=remote.token, retry_deadline_s=remote.retry_deadline_s,
+                          timeout_s=remote.timeout_s, tls_ca=remote.tls_ca)
+
+
 # -- the run ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -196,6 +219,7 @@ class Run:
         cfg = self.config
         self.drafter = load_drafter(cfg.draft, dtype=cfg.target.dtype, kernels=cfg.target.kernels,
                                     cache_dir=cfg.cache_dir, progress=cfg.progress, parsed=self.draft_gguf)
+        accept_drafter(self.drafter, self.loaded.tokenizer)     # build checked the pair
         self.draft_gguf = None
 
     def pruner(self, choice: str):
@@ -229,6 +253,62 @@ class Run:
         self.policies.append(policy)
         return policy
 
+    def verifier(self, params: SamplingParams, *, capacity: int, pruner=None) -> TargetVerifier:
+        """The target in this process as a verifier: one sequence of `capacity`
+        KV rows (tokens), sampling with `params`; pruner: the early-exit probe
+        scoring its passes (None: none)."""
+        return TargetVerifier(self.target, params, capacity=capacity, pass_hook=pruner)
+
+    def verifier_server(self, name: str, limits, **options):
+        """The target as a verifier server's batched verifier (`lever
+        serve-verifier`): a lever.remote.server.VerifierServer whose sessions'
+        trees share target passes.  name: the model name it reports; limits:
+        its lever.remote.protocol.Limits; options: VerifierServer's keywords
+        (token, verify_cost, tokenizer, log, batch_window_s, max_batch_trees)."""
+        from .remote.server import VerifierServer     # aiohttp: the server extra
+        return VerifierServer(self.target, name, limits, **options)
+
+    def generate(self, prompt: str, decode: DecodeConfig, *, spec=None, on_text=None) -> Completion:
+        """Up to `decode.max_new_tokens` tokens after `prompt`, the target's own:
+        plainly (spec None), or speculatively with the run's drafter, `spec`
+        (a lever.engine.SpecConfig) and this target as the verifier
+        (`verifier`).  on_text receives the text as it is produced."""
+        p, loaded = decode.sampling, self.loaded
+        ids = loaded.prompt_ids(prompt, chat=decode.chat)
+        self.check_fits(len(ids), decode.max_new_tokens, spec)
+        options = dict(max_new_tokens=decode.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
+                       top_k=p.top_k, seed=p.seed, chat=decode.chat, ignore_eos=decode.ignore_eos,
+                       on_text=on_text, prompt_ids=ids)
+        if spec is None:
+            return loaded.generate(prompt, **options)
+        check_context(len(ids), decode.max_new_tokens, self.target.config.max_context, *tree_room(self.target, spec))
+        verifier = self.verifier(p, capacity=verifier_capacity(len(ids), decode.max_new_tokens, spec),
+                                 pruner=spec.pruner)
+        return loaded.generate(prompt, drafter=self.drafter, spec=spec, verifier=verifier, **options)
+
+    def speculate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams, spec, *,
+                  stop_ids: frozenset[int] = frozenset(), on_token=None):
+        """(GenerationResult, SpecStats) of one speculative generation of token
+        ids on this target with the run's drafter (lever.engine.run_speculative
+        over `verifier`): how `lever serve` decodes a request."""
+        check_context(len(prompt_ids), max_new_tokens, self.target.config.max_context,
+                      *tree_room(self.target, spec))
+        verifier = self.verifier(params, capacity=verifier_capacity(len(prompt_ids), max_new_tokens, spec),
+                                 pruner=spec.pruner)
+        drafter = self.drafter if spec.mode != "ar" else None        # mode ar: the target alone
+        return run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int, spec=None) -> None:
+        """With --context N: refuse a generation whose prompt, new tokens and
+        tree rows need more than the N KV rows reserved (one line naming --context)."""
+        rows = self.config.memory.context
+        tree = spec.max_tree_nodes + 1 if spec is not None else 0
+        if rows is not None and prompt_tokens + max_new_tokens + tree > rows:
+            raise ContextOverflowError(
+                f"--context {rows}: the prompt of {prompt_tokens} tokens plus {max_new_tokens} new tokens"
+                f"{f' and a tree of {tree} rows' if tree else ''} need "
+                f"{prompt_tokens + max_new_tokens + tree} KV rows; pass a larger --context or fewer new tokens")
+
     def save_calibrations(self) -> None:
         """Write what each lever policy's calibration learnt to its file."""
         for policy in self.policies:
@@ -258,8 +338,12 @@ def build(config: RunConfig, *, tree_rows: int, sampling: bool, kv: KvRule, drop
         tokenizer = store_tokenizer(target.store, cache_dir)
         context = manifest.config.max_context
     kv_rows = int(kv(tokenizer, context))
+    if config.memory.context is not None:          # --context: the rows asked for, at most the model's
+        kv_rows = min(config.memory.context, context) if context is not None else config.memory.context
     memory, budget, headers = plan_memory(config, manifest=manifest, kv_tokens=kv_rows, tree_rows=tree_rows,
                                           sampling=sampling)
+    # a draft model must share the target's tokenizer: compared from the headers, before anything loads
+    headers = Headers(*check_run_tokenizers(config, tokenizer, headers.target, headers.draft))
     page_cache = drop_page_cache() if drop_caches else None
     if target.streamed:
         loaded = load_streamed(target, config.reader, budget, kv_tokens=kv_rows, cache_dir=cache_dir,

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from waiting import deadline
+
 SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "aarch64_wheel.sh"
 NEEDED = ("aarch64-linux-gnu-g++", "qemu-aarch64-static", "python3.11", "dpkg", "apt-get")
 
@@ -34,8 +36,8 @@ def test_aarch64_wheel_builds_and_passes_under_qemu():
             pytest.fail(f"LEVER_REQUIRE_CROSS=1 but the aarch64 wheel run {why}")
         pytest.skip(why)
     run = subprocess.run(["bash", str(SCRIPT)], cwd=SCRIPT.parents[1], env=dict(os.environ),
-                         capture_output=True, text=True, timeout=3600)
+                         capture_output=True, text=True, timeout=deadline(3600))
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]
-    assert "== aarch64" in out and "all passed: dist/lever-" in out, out[-3000:]
+    assert "== aarch64" in out and "all passed: dist/lever_llm-" in out, out[-3000:]
     assert "_aarch64.whl" in out

@@ -129,6 +129,16 @@ def test_bench_resident_takes_every_dtype_spelling(smol_store, tmp_path, capsys,
     assert data["resident"]["mismatches"] == 0
 
 
+def test_bench_resident_in_memory_target_takes_a_dtype_spelling(smollm2_path, tmp_path, capsys):
+    """Issue 35's reproducer: --resident with --dtype fp32 and an in-memory --target runs."""
+    out = tmp_path / "res"
+    rc = main(["bench", "--resident", "--dtype", "fp32", "--target", str(smollm2_path), "--draft", str(smollm2_path),
+               "--prompts", "1", "--new-tokens", "4", "--out", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads((out / "bench.json").read_text())
+    assert data["config"]["dtype"] == "float32" and data["resident"]["same_as_ar"] is True
+
+
 def test_verify_counts_the_bytes_its_pass_used(smol_store):
     """A verify counts exactly the streamed extents of its own pass (plus its embedding
     reads), wherever the ring's prefetches land: here, with settle() between the calls,

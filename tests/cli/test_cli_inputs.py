@@ -7,18 +7,20 @@ values included, run to the end."""
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 
 import pytest
 
 from lever.cli import main
-from lever.commands.limits import MAX_PROMPT_BYTES, MIN_READ_RATE
+from lever.commands.limits import MAX_CONTEXT_TOKENS, MAX_PROMPT_BYTES, MAX_TREE_NODES, MIN_READ_RATE
+from lever.commands.serve_verifier import MAX_TOKEN_FILE_BYTES
+from waiting import deadline
 
-LIMIT_S = 60                   # no single case may take longer (a hang fails instead of blocking the suite)
+LIMIT_S = 60                   # a safety net per case (waiting.deadline scales it): a hang fails, not blocks
 BIG = "9" * 400                # a 400-digit number
 
 
@@ -40,7 +42,7 @@ def time_limit(seconds: float):
 
 
 def run_cli(capsys, argv: list[str], limit: float = LIMIT_S) -> tuple[int, str, str]:
-    with time_limit(limit):
+    with time_limit(deadline(limit)):
         rc = main(argv)
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
@@ -66,16 +68,26 @@ def paths(tmp_path_factory) -> dict[str, str]:
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "blank.txt").write_text(" \n\t\n")
     (tmp_path / "huge.txt").write_bytes(b"a" * (MAX_PROMPT_BYTES + 1))
+    os.mkfifo(tmp_path / "fifo")                                 # nothing ever writes to it
+    (tmp_path / "token").write_text("a-token-of-some-length-0123456789\n")
+    (tmp_path / "token").chmod(0o600)
+    (tmp_path / "big-token").write_bytes(b"t" * (MAX_TOKEN_FILE_BYTES + 1))
+    (tmp_path / "big-token").chmod(0o600)
     return {"dir": str(tmp_path / "dir"), "file": str(tmp_path / "file.txt"),
             "latin1": str(tmp_path / "latin1.txt"), "empty": str(tmp_path / "empty.txt"),
             "blank": str(tmp_path / "blank.txt"), "huge": str(tmp_path / "huge.txt"),
-            "missing": str(tmp_path / "missing"), "missing_dir_file": str(tmp_path / "missing" / "x.png")}
+            "missing": str(tmp_path / "missing"), "missing_dir_file": str(tmp_path / "missing" / "x.png"),
+            "fifo": str(tmp_path / "fifo"), "token": str(tmp_path / "token"),
+            "big_token": str(tmp_path / "big-token")}
 
 
 GEN = ["generate", "--prompt", "hi"]
 BENCH = ["bench", "--quick"]
 PROFILE = ["profile", "--draft", "smollm2-135m"]
 CONVERT = ["convert", "smollm2-135m"]
+REMOTE = [*GEN, "--remote", "http://127.0.0.1:9", "--draft", "smollm2-135m"]
+SERVE_V = ["serve-verifier", "--model", "smollm2-135m"]
+NON_FINITE = ["inf", "-inf", "nan", "NaN", "Infinity", "1e999"]
 
 # (argv, fragments of the error line); {name} is replaced by paths[name]
 BAD = [
@@ -146,6 +158,40 @@ BAD = [
     (["generate", "--prompt-file", "{empty}"], "the prompt is empty"),
     (["generate", "--prompt-file", "{blank}"], "the prompt is empty"),
     (["generate", "--prompt-file", "{huge}"], "larger than 16 MiB"),
+    # files that are not regular files: refused before any read, never a hang or an endless read
+    (["generate", "--prompt-file", "{fifo}"], "--prompt-file {fifo}: is a FIFO, not a regular file", "--prompt -"),
+    (["generate", "--prompt-file", "/dev/zero"], "--prompt-file /dev/zero: is a character device, not a regular file"),
+    ([*REMOTE, "--token-file", "/dev/zero"], "--token-file /dev/zero: is a character device, not a regular file"),
+    ([*REMOTE, "--token-file", "{fifo}"], "--token-file {fifo}: is a FIFO, not a regular file"),
+    ([*REMOTE, "--token-file", "{dir}"], "--token-file {dir}: is a directory, not a regular file"),
+    ([*REMOTE, "--token-file", "{big_token}"], "--token-file {big_token}: larger than 4,096 bytes"),
+    (["serve", "--token-file", "/dev/zero"], "--token-file /dev/zero: is a character device, not a regular file"),
+    (["serve", "--token-file", "{fifo}"], "--token-file {fifo}: is a FIFO, not a regular file"),
+    ([*SERVE_V, "--token-file", "/dev/zero"], "--token-file /dev/zero: is a character device, not a regular file"),
+    ([*SERVE_V, "--token-file", "{fifo}"], "--token-file {fifo}: is a FIFO, not a regular file"),
+    ([*SERVE_V, "--token-file", "{token}", "--tls-cert", "{fifo}", "--tls-key", "{file}"],
+     "--tls-cert {fifo}: is a FIFO, not a regular file"),
+    ([*SERVE_V, "--token-file", "{token}", "--tls-cert", "{file}", "--tls-key", "/dev/zero"],
+     "--tls-key /dev/zero: is a character device, not a regular file"),
+    # server URLs
+    *[([*GEN, "--remote", v], "argument --remote: expected http://HOST:PORT or https://HOST:PORT", extra)
+      for v, extra in [("http://127.0.0.1:99999", "a number from 1 to 65535"), ("http://127.0.0.1:0", "1 to 65535"),
+                       ("http://h:port", "1 to 65535"), ("ftp://127.0.0.1:21", "ftp://"), ("http://:80", "://:80"),
+                       ("127.0.0.1:8000", "127.0.0.1:8000"), ("http://[::1", "[::1")]],
+    ([*GEN, "--remote", "http://user:secret@127.0.0.1:8000"], "argument --remote", "--token-file"),
+    # static-shape buckets: bounded before anything is compiled or allocated
+    ([*GEN, "--contexts", "99999999999999"], "argument --contexts: context buckets must be at most",
+     f"{MAX_CONTEXT_TOKENS:,} tokens"),
+    ([*GEN, "--buckets", "1,8,100000"], "argument --buckets: row buckets must be at most", f"{MAX_TREE_NODES:,}"),
+    (["compile-npu", "--buckets", "99999999999"], "argument --buckets: row buckets must be at most"),
+    (["compile-npu", "--contexts", "128,99999999"], "argument --contexts: context buckets must be at most"),
+    (["bench", "--contexts", str(MAX_CONTEXT_TOKENS + 1)], "argument --contexts"),
+    # no option takes an infinite or NaN number
+    *[(["serve-verifier", f"--batch-window-ms={v}"], "argument --batch-window-ms: expected a number from 0 to 10000")
+      for v in NON_FINITE],
+    *[([*GEN, f"--timeout={v}"], "argument --timeout: expected a number") for v in NON_FINITE],
+    *[(["serve", f"--header-timeout={v}"], "argument --header-timeout") for v in NON_FINITE],
+    *[(["serve-verifier", f"--idle-ttl={v}"], "argument --idle-ttl") for v in NON_FINITE],
     # combinations refused before anything loads
     ([*GEN, "--mode", "chain"], "needs --draft"),
     ([*GEN, "--mode", "lever", "--draft", "ngram"], "needs a draft model"),
@@ -231,7 +277,7 @@ def test_bad_stdin_in_process(data, fragment, capsys, monkeypatch):
 
 def lever_process(args: list, stdin: bytes = b"") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lever.cli", *args], input=stdin, capture_output=True,
-                          timeout=LIMIT_S)
+                          timeout=deadline(LIMIT_S))
 
 
 def test_invalid_utf8_on_real_stdin():
@@ -292,7 +338,8 @@ def test_boundary_values_run(smollm2_path, capsys, sampling):
 @pytest.mark.real
 def test_lowest_read_limit_finishes(smollm2_path, tmp_path, capsys):
     """At the floor (MIN_READ_RATE, which also paces loading the pinned layers) a run
-    streaming a few layers of SmolLM2 ends in seconds."""
+    streaming a few layers of SmolLM2 ends: what it reads takes seconds at that rate
+    (the run itself is bounded only by run_cli's safety net)."""
     from lever.store.convert import convert
     from lever.store.manifest import StoreManifest
     from lever.store.residency import plan_residency
@@ -303,8 +350,6 @@ def test_lowest_read_limit_finishes(smollm2_path, tmp_path, capsys):
     while not plan_residency(m, budget, kv_tokens=2048).streamed:
         budget -= 1 << 20                                   # the largest budget that streams something
     assert m.weights_bytes / MIN_READ_RATE < LIMIT_S / 3     # seconds to load, then stream a pass
-    t0 = time.monotonic()
     out = generate_json(capsys, ["--target-store", str(store), "--dram-budget", str(budget), "--prompt", "hi",
                                  "--max-new-tokens", "1", "--read-limit", f"{MIN_READ_RATE:.0f}"])
     assert out["new_tokens"] == 1 and out["flash"]["bytes_read"] > 0
-    assert time.monotonic() - t0 < LIMIT_S

@@ -54,6 +54,8 @@ from pathlib import Path
 
 import pytest
 
+from waiting import deadline
+
 try:
     import tomllib
 except ImportError:                           # Python < 3.11
@@ -363,7 +365,8 @@ def _dummy(action, scratch: Path) -> str:
     if action.type is None:
         return "placeholder"
     (scratch / "dir").mkdir(exist_ok=True)
-    for cand in (str(scratch / "dir"), "4", "600MB", "400MB/s", "auto", "0.5", "1,8,16", "57", "placeholder"):
+    for cand in (str(scratch / "dir"), "4", "600MB", "400MB/s", "auto", "0.5", "1,8,16", "57", "placeholder",
+                 "http://127.0.0.1:8000"):
         try:
             action.type(cand)
             return cand
@@ -561,7 +564,7 @@ def _help_options(*cmd: str) -> frozenset[str]:
     """The options a command's --help lists (option lines of argparse's help, and the usage)."""
     env = dict(os.environ, COLUMNS="1000")
     r = subprocess.run([sys.executable, *cmd, "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=deadline(120))
     assert r.returncode == 0, f"`python {' '.join(cmd)} --help` failed: {r.stderr[-2000:]}"
     opts = set()
     for line in r.stdout.splitlines():
@@ -712,7 +715,9 @@ def check_other(ex: Example) -> None:
         for t in argv[2:]:
             if t.startswith("-"):
                 continue
-            m = re.fullmatch(r"(\.|lever)(?:\[([\w,-]+)\])?", t)
+            assert not re.fullmatch(r"lever(\[.*)?", t), \
+                f"pip install {t}: the distribution is lever-llm (PyPI's lever is another project)"
+            m = re.fullmatch(r"(\.|lever-llm)(?:\[([\w,-]+)\])?", t)
             if m:
                 for extra in filter(None, (m.group(2) or "").split(",")):
                     assert extra in extras, f"pip install {t}: pyproject.toml has no extra {extra!r}"
@@ -938,7 +943,7 @@ def _run_block(text: str, cache_dir: str) -> str:
 
     models = "|".join(re.escape(n) for n in _registered_names())
     src = re.sub(rf"""(["'])({models})\1""", swap, text)
-    r = subprocess.run([sys.executable, "-c", src], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "-c", src], cwd=ROOT, capture_output=True, text=True, timeout=deadline(120),
                        env=dict(os.environ, HF_HUB_OFFLINE="1", LEVER_CACHE_DIR=cache_dir))
     return "" if r.returncode == 0 else r.stderr[-3000:]
 
@@ -952,6 +957,34 @@ def _registered_names() -> list[str]:
 def test_python_block_runs(ex, lever_cache):
     err = _run_block(ex.text, str(lever_cache))
     assert not err, f"the example failed:\n{err}"
+
+
+def _first_command_models() -> set[str]:
+    """Registered models whose every part the README's first command line installs."""
+    first = min(ex.line for ex in COMMANDS if ex.path == "README.md" and ex.where == "fenced")
+    installed = {t for ex in COMMANDS if ex.path == "README.md" and ex.line == first
+                 for t in shlex.split(ex.text) if _program(shlex.split(ex.text)[0]) in ("pip", "pip3")}
+    return {e.name for e in _registry().KNOWN_MODELS.values()
+            if e.parts and all(p.requirement in installed for p in e.parts)}
+
+
+def test_readme_python_examples_run_after_the_first_command():
+    """The README's Python examples run as written (no model swapped in) right after the
+    README's first command: every registered model they name, and the default model
+    `lever.generate` loads, is one that command installs."""
+    from lever.api import DEFAULT_MODEL
+
+    models = _first_command_models()
+    assert _registry().find_model(DEFAULT_MODEL).name in models, (DEFAULT_MODEL, models)
+    blocks = [ex for ex in PYTHON_BLOCKS if ex.path == "README.md"]
+    assert blocks and any("lever.load(" in ex.text for ex in blocks)
+    for ex in blocks:
+        named = {node.value for node in ast.walk(ast.parse(ex.text))
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                 and node.value in _registered_names()}
+        for name in named:
+            assert _registry().find_model(name).name in models, \
+                f"{ex.id}: the example loads {name}, which the README's first command does not install"
 
 
 def _serve_for(ex: Example) -> Example | None:

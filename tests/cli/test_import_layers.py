@@ -45,6 +45,11 @@ FUNCTION_LEVEL_ALLOWED = [
      "native_loader imports the gguf package: only when a GGUF is loaded natively"),
     ("lever.model.torch_reference", "lever.model.*",
      "gguf_loader, checkpoint_loader and linear import torch (the torch extra)"),
+    ("lever.runtime", "lever.remote.client", "the HTTP clients (http.client, ssl) load only when a run verifies on a "
+     "server: `import lever.api` stays light"),
+    ("lever.runtime", "lever.remote.vllm_verifier", "as lever.remote.client: only when a run verifies on vLLM"),
+    ("lever.runtime", "lever.remote.server",
+     "the verifier server is an aiohttp application (the server extra): imported when one is made"),
     ("lever.mode_lever", "lever.gguf.assemble",
      "keeps tqdm out of `import lever.api`: only matching a registered model's file needs it"),
 ]

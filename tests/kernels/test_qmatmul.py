@@ -22,6 +22,7 @@ import torch
 
 from lever import _native, quant
 from lever.model.linear import QuantTensor, linear, quant_matmul
+from waiting import deadline
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 # byte offsets of the fp16 scale fields in each block (random bytes elsewhere are valid)
@@ -224,18 +225,18 @@ def test_forced_scalar_run():
     ones, and this module's tests pass on them."""
     env = dict(os.environ, LEVER_KERNEL_ISA="scalar")
     probe = subprocess.run([sys.executable, "-c", "from lever import _native; print(_native.kernel_isa())"],
-                           env=env, capture_output=True, text=True, check=True)
+                           env=env, capture_output=True, text=True, check=True, timeout=deadline(120))
     assert probe.stdout.strip() == "scalar"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                           "-k", "special or bf16_in or agrees", "-m", "not real"],
-                         env=env, capture_output=True, text=True)
+                         env=env, capture_output=True, text=True, timeout=deadline(600))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
 def test_bad_isa_environment():
     env = dict(os.environ, LEVER_KERNEL_ISA="neon9")
     run = subprocess.run([sys.executable, "-c", "from lever import _native; _native.kernel_isa()"],
-                         env=env, capture_output=True, text=True)
+                         env=env, capture_output=True, text=True, timeout=deadline(120))
     assert run.returncode != 0 and "unknown kernel instruction set" in run.stderr
 
 
@@ -248,7 +249,7 @@ def test_an_isa_this_cpu_cannot_run_is_refused(name):
     lacks) is an error naming it, never a silent fallback to another kernel."""
     env = dict(os.environ, LEVER_KERNEL_ISA=name)
     run = subprocess.run([sys.executable, "-c", "from lever import _native; _native.kernel_isa()"],
-                         env=env, capture_output=True, text=True)
+                         env=env, capture_output=True, text=True, timeout=deadline(120))
     assert run.returncode != 0 and f"LEVER_KERNEL_ISA={name}: this CPU cannot run" in run.stderr
     with pytest.raises(ValueError, match="cannot run|not available"):
         _native.set_kernel_isa(name)

@@ -13,6 +13,7 @@ from lever.model_config import ModelConfig
 from lever.store.manifest import Extent, StoreManifest, TensorEntry
 from lever.store.residency import plan_residency
 from tiny_model import needs_cgroup
+from waiting import deadline
 
 MB = 10**6
 MiB = 1 << 20
@@ -141,6 +142,33 @@ def test_limit_below_minimum_lists_the_parts():
         assert part in msg, (part, msg)
 
 
+def test_limit_below_minimum_names_context_with_the_kv_bytes():
+    """The KV caches (sized for 2,048 tokens at least, whatever the run) are the part a user can
+    lower: the error says how (`--context N`) and what they reserve now."""
+    target = {"globals": 1 * MB, "kv_cache": 20 * MB, "ring": 100 * MB}
+    with pytest.raises(MemoryLimitError) as e:
+        MemoryPlan.build("400MB", draft_weight_bytes=300 * MB, draft_kv_bytes=10 * MB, target_minimum=target,
+                         margin_bytes=32 * MB, baseline_bytes=60 * MB, kv_tokens=2048)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.endswith("; the KV caches reserve 30.0 MB for 2,048 tokens (target 20.0 MB, draft 10.0 MB): "
+                        "`--context N` (lever generate, lever serve) sizes them for N tokens of prompt and output")
+    with pytest.raises(MemoryLimitError) as e:                  # no draft model: the target's KV alone
+        MemoryPlan.build("100MB", target_minimum=target, margin_bytes=32 * MB, baseline_bytes=60 * MB)
+    assert "the KV caches reserve 20.0 MB: `--context N`" in str(e.value)
+    with pytest.raises(MemoryLimitError) as e:                  # nothing of KV to lower: no hint
+        MemoryPlan.build("100MB", target_minimum={"weights": 200 * MB}, margin_bytes=32 * MB, baseline_bytes=0)
+    assert "--context" not in str(e.value)
+
+
+def test_dram_budget_below_the_store_minimum_names_context():
+    m = _manifest()
+    kw = dict(dtype_bytes=2, kv_tokens=2048, prefetch_depth=2, embed_cache_rows=64)
+    with pytest.raises(DramBudgetError) as e:
+        plan_residency(m, sum(store_minimum(m, **kw).values()) - 1, **kw)
+    assert "KV cache sized for 2,048 tokens: `--context N` (lever generate, lever serve)" in str(e.value)
+
+
 def test_plan_rejects_an_unreadable_size():
     with pytest.raises(DramBudgetError, match="cannot read the size"):
         MemoryPlan.build("lots")
@@ -154,7 +182,7 @@ HOG = ("import sys; b = bytearray(int(sys.argv[1]) << 20)\n"
 
 @needs_cgroup
 def test_cgroup_kills_a_child_over_the_cap():
-    r = cgroup.run_capped([sys.executable, "-c", HOG, "300"], 100 * MiB, timeout_s=60)
+    r = cgroup.run_capped([sys.executable, "-c", HOG, "300"], 100 * MiB, timeout_s=deadline(60))
     assert r.oom_killed and r.rc == -9 and not r.timed_out
     assert r.peak_bytes <= 100 * MiB and r.peak_bytes > 50 * MiB
     assert r.limit_bytes == 100 * MiB and r.cgroup_version in (1, 2)
@@ -165,7 +193,7 @@ def test_cgroup_kills_a_child_over_the_cap():
 def test_cgroup_child_under_the_cap_runs_and_the_cgroup_is_removed():
     ctl = cgroup.find_controller()
     before = {p.name for p in ctl.parent.iterdir() if p.name.startswith("lever-")}
-    r = cgroup.run_capped([sys.executable, "-c", HOG, "20"], 100 * MiB, timeout_s=60)
+    r = cgroup.run_capped([sys.executable, "-c", HOG, "20"], 100 * MiB, timeout_s=deadline(60))
     assert r.rc == 0 and not r.oom_killed and r.stdout_tail == "done\n"
     assert 20 * MiB < r.peak_bytes < 100 * MiB
     assert r.major_faults >= 0 and r.wall_s > 0

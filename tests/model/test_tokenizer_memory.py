@@ -32,6 +32,7 @@ from lever.gguf import file as gguf_file
 from lever.gguf.file import GGUFFile, LazyArray
 from lever.model import tokenizer as tokmod
 from lever.model.tokenizer import Tokenizer
+from waiting import deadline
 
 MB = 1_000_000
 
@@ -58,7 +59,7 @@ def measure(kind: str, path, cache_dir) -> dict:
     """Peak RSS (bytes) after `import lever` and after the tokenizer of `path` (kind "gguf" or
     "json": a store's tokenizer_metadata.json), in a fresh interpreter."""
     out = subprocess.run([sys.executable, "-c", MEASURE, kind, str(path), str(cache_dir)], capture_output=True,
-                         text=True, check=True)
+                         text=True, check=True, timeout=deadline(300))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -93,7 +94,8 @@ def test_api_import_is_light():
     code = ("import sys, lever.api\nfrom lever.memory.rss import read_status\n"
             "print([m for m in ('torch', 'aiohttp', 'transformers', 'matplotlib', 'tqdm', 'gguf') if m in sys.modules],"
             " read_status()['VmHWM'])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("]")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=deadline(120)).stdout.split("]")
     assert out[0] + "]" == "[]"
     assert int(out[1]) <= 45 * MB
 

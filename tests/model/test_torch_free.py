@@ -20,13 +20,14 @@ from lever.model.torch_reference import TorchModel, load_gguf_torch, require_tor
 from lever.values import dtype_name
 from lever.verify.rules import draw
 from tiny_model import TOKENS, write_tiny_gguf
+from waiting import deadline
 
 RUN_PATH = ["lever.cli", "lever.api", "lever.engine", "lever.autoregressive", "lever.mode_lever",
             "lever.sampling", "lever.verify.target_pass", "lever.draft.model_drafter", "lever.draft.ngram",
             "lever.cost.profile", "lever.cost.measure", "lever.quant", "lever.model.loading",
             "lever.model.torch_reference", "lever.commands.generate", "lever.commands.bench",
             "lever.commands.profile", "lever.commands.serve_verifier", "lever.remote.client",
-            "lever.remote.server", "lever.remote.edge", "lever.remote.session", "lever.store.convert",
+            "lever.remote.server", "lever.edge", "lever.remote.session", "lever.store.convert",
             "lever.commands.serve", "lever.serve.app", "lever.remote.batcher", "lever.remote.vllm_verifier"]
 
 
@@ -41,7 +42,7 @@ def test_require_torch_names_the_extra(monkeypatch):
     assert require_torch("x") is torch
     monkeypatch.setitem(sys.modules, "torch", None)          # `import torch` now raises ImportError
     with pytest.raises(LeverError, match=r"torch is needed for Hugging Face checkpoints: "
-                                         r"pip install 'lever\[torch\]'"):
+                                         r"pip install 'lever-llm\[torch\]'"):
         require_torch("Hugging Face checkpoints")
 
 
@@ -123,10 +124,11 @@ def test_draw_follows_the_weights_and_skips_zeros():
 NO_TORCH_CLI = Path(__file__).resolve().parents[1] / "no_torch_cli.py"
 
 
-def run_without_torch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`lever ARGS` in a fresh interpreter (tests/no_torch_cli.py): exit 3 means torch was imported."""
+def run_without_torch(*args: str) -> subprocess.CompletedProcess:
+    """`lever ARGS` in a fresh interpreter (tests/no_torch_cli.py), waited for until it exits
+    (a safety net of waiting.deadline(300) s against a hang): exit 3 means torch was imported."""
     return subprocess.run([sys.executable, str(NO_TORCH_CLI), *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=deadline(300))
 
 
 def assert_ran_without_torch(out: subprocess.CompletedProcess) -> None:

@@ -35,6 +35,7 @@ from lever.draft.gain_cost import GainCostPolicy
 from lever.engine import SpecStats, overlap_json
 from test_grow_tree import Universe
 from tiny_model import write_tiny_gguf
+from waiting import deadline
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {"generate": ["generate", "--prompt", "hi"], "bench": ["bench", "--quick"],
@@ -444,7 +445,7 @@ def test_bench_on_cpu_static_drafts_ahead_and_reports(smollm2_path, tmp_path, ca
 
 
 def lever_process(args: list[str], env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=deadline(timeout), cwd=REPO,
                           env={**os.environ, **(env or {})})
 
 

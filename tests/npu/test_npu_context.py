@@ -23,6 +23,7 @@ from lever.model_config import ModelConfig
 from lever.npu import runtime
 from lever.npu.context import META, BucketGraphs, check_meta, context_meta
 from lever.npu.runtime import NpuError, QnnTarget
+from waiting import deadline
 
 CFG = ModelConfig(arch="llama", vocab_size=100, hidden_size=64, intermediate_size=128, n_layers=2, n_heads=8,
                   n_kv_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0, max_context=512,
@@ -51,7 +52,7 @@ RUN_ONE_BUCKET = textwrap.dedent("""
 def run_bucket(root, backend: str, action: str) -> dict:
     cfg = json.dumps(CFG.__dict__)
     out = subprocess.run([sys.executable, "-c", RUN_ONE_BUCKET, str(root), cfg, backend, action],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=deadline(300))
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -30,7 +30,7 @@ from lever.draft.model_drafter import ModelDrafter
 from lever.engine import SpecConfig, run_speculative
 from lever.remote.client import RemoteVerifier, RemoteVerifierError
 from lever.remote.cost import RemoteCost
-from lever.remote.edge import RemoteTarget
+from lever.edge import RemoteTarget
 from lever.remote.netem import LinkProxy
 from lever.remote.protocol import Limits
 from lever.remote.server import ServerThread, VerifierServer
@@ -38,6 +38,7 @@ from lever.sampling import SamplingParams
 from lever.tree import TokenTree
 from test_speculative import (P_THRESHOLD, SAMPLE_PARAMS, SAMPLE_PROMPT, SAMPLE_TOKENS, chi_square,  # noqa: F401
                               exact_reference, wrong_tree_walk)
+from waiting import deadline
 
 PROMPTS = ["Write a Python function that returns the sum of a list.",
            "Explain what a hash table is in one paragraph."]
@@ -168,7 +169,7 @@ class Raw:
         self.host, self.port, self.token = host, int(port), token
 
     def __call__(self, method, path, body=None, token=..., raw: bytes | None = None, headers=None):
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=deadline(30))
         hdrs = dict(headers or {})
         tok = self.token if token is ... else token
         if tok is not None:
@@ -250,7 +251,7 @@ def in_threads(fn, n: int, timeout_s: float) -> tuple[dict, list]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=timeout_s)
+        t.join(deadline(timeout_s))           # a safety net: each thread ends with its work
     return got, errors
 
 
@@ -397,7 +398,7 @@ def test_session_limit_ttl_and_close(guarded):
 def test_oversized_bodies_are_refused_unread(guarded):
     running, raw = guarded
     # a declared 100 MB body: the answer comes at once, from the header alone
-    sock = socket.create_connection(("127.0.0.1", running.port), timeout=10)
+    sock = socket.create_connection(("127.0.0.1", running.port), timeout=deadline(10))
     sock.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
                  b"\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n" + b"{" * 1000)
     t0 = time.perf_counter()
@@ -408,12 +409,13 @@ def test_oversized_bodies_are_refused_unread(guarded):
             break
         answer += chunk
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
-    assert b"body_too_large" in answer and time.perf_counter() - t0 < 5
-    sock.settimeout(5)
+    # answered from the header: not after the 30 s body deadline that reading on would end at
+    assert b"body_too_large" in answer and time.perf_counter() - t0 < deadline(5)
+    sock.settimeout(deadline(5))
     assert sock.recv(65536) == b""            # the server closed the connection instead of reading on
     sock.close()
     # a chunked body (no length up front) is cut off once it passes the limit
-    sock = socket.create_connection(("127.0.0.1", running.port), timeout=10)
+    sock = socket.create_connection(("127.0.0.1", running.port), timeout=deadline(10))
     sock.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
                  b"\r\nTransfer-Encoding: chunked\r\n\r\n" + b"3e8\r\n" + b"x" * 1000 + b"\r\n")
     answer = b""

@@ -17,7 +17,8 @@ from lever.api import load
 from lever.cli import main
 from lever.draft.base import TreeShape
 from lever.remote.client import RemoteVerifier, VerifierUnreachableError
-from lever.remote.edge import RemoteTarget
+from lever.edge import RemoteTarget
+from waiting import deadline, wait_until
 
 pytestmark = pytest.mark.real
 
@@ -42,21 +43,24 @@ class ServerProcess:
         self.log: list[str] = []
 
     def start(self) -> "ServerProcess":
+        """Start it and wait for its "serving" line (or its exit; a safety net of deadline(120) s)."""
         self.proc = subprocess.Popen(self.cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        deadline = time.monotonic() + 120
-        for line in self.proc.stderr:
+        serving = threading.Event()
+        threading.Thread(target=self._drain, args=(self.proc, serving), daemon=True).start()
+        try:
+            wait_until(lambda: serving.is_set() or self.proc.poll() is not None, 120, "the server to start")
+        except AssertionError:
+            pass
+        if not serving.is_set():
+            self.kill()
+            raise AssertionError("the server did not start:\n" + "".join(self.log))
+        return self
+
+    def _drain(self, proc: subprocess.Popen, serving: threading.Event) -> None:
+        for line in proc.stderr:
             self.log.append(line)
             if "serving" in line:
-                threading.Thread(target=self._drain, daemon=True).start()
-                return self
-            if time.monotonic() > deadline:
-                break
-        self.kill()
-        raise AssertionError("the server did not start:\n" + "".join(self.log))
-
-    def _drain(self) -> None:
-        for line in self.proc.stderr:
-            self.log.append(line)
+                serving.set()
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -112,7 +116,7 @@ def generate_with_restart(server, remote, restart_after: int, **kw):
 
 
 def test_server_killed_and_restarted_mid_generation(server, draft, reference, sampled_reference, tmp_path):
-    remote = RemoteTarget(server.url, draft=draft, mode="tree", tree=TreeShape(8, 2, 4), retry_deadline_s=120,
+    remote = RemoteTarget(server.url, draft=draft, mode="tree", tree=TreeShape(8, 2, 4), retry_deadline_s=deadline(120),
                           cache_dir=tmp_path, progress=False)
     out = generate_with_restart(server, remote, restart_after=10)
     assert out.token_ids == reference

@@ -1,36 +1,55 @@
-"""Fuzzing the verifier server's protocol (issue 12's bar: 2,000 requests, no 5xx).
+"""Fuzzing the verifier server's protocol (issues 12 and 35: 2,000 requests, no 5xx).
 
-A seeded mutation fuzzer sends 2,000 requests -- opens, rounds and closes
-with fields replaced by hostile values, raw numbers JSON cannot round-trip
+A seeded mutation fuzzer sends requests -- opens, rounds and closes with
+fields (and field names) replaced by hostile values, text that is not
+Unicode (unpaired surrogate escapes, raw encoded surrogates, overlong and
+invalid UTF-8) and NUL characters, raw numbers JSON cannot round-trip
 (1e400, NaN, 400-digit integers), truncated or corrupted bodies, odd
 methods, paths, content types and tokens (any header bytes) -- and a
 property-based test (hypothesis) sends arbitrary JSON as sampling settings,
 prompts and trees.  Every answer must be a 2xx or a 4xx with a JSON error,
-nothing may hang, nothing may be logged as an internal error, and afterwards
-a greedy session gives exactly the tokens it gave before.  Loopback only;
-each request has a 10 s socket timeout.
+nothing may hang, nothing may be logged as an internal error, the process's
+resident memory must stay flat, and afterwards a greedy session gives
+exactly the tokens of the plain autoregressive loop (`lever generate`'s).
+Loopback only; each request has a 10 s socket timeout (a safety net, tests/waiting.py).
+
+The default run sends FUZZ_REQUESTS (300; $LEVER_FUZZ_REQUESTS sets it);
+the full-size run, 2,000 (or $LEVER_FUZZ_REQUESTS if larger), is marked slow.
 """
 
 from __future__ import annotations
 
+import copy
 import http.client
 import json
+import os
 import random
 import time
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lever.autoregressive import generate_tokens
 from lever.remote.protocol import Limits
 from lever.remote.server import ServerThread, VerifierServer
 from test_remote import TOKEN, Raw
+from waiting import deadline
 
-N_REQUESTS = 2000
+FUZZ_REQUESTS = int(os.environ.get("LEVER_FUZZ_REQUESTS", "300"))
+FULL_REQUESTS = max(2000, FUZZ_REQUESTS)
 VOCAB = 20
+BAD_TEXT = ["\ud800", "a\udfffb", "\udc80", "x\ud83d", "\udfff\ud800", "\x00", "a\x00b", "\ud83d\ude00"]
+"""Strings json.dumps writes as escapes: unpaired surrogates, NULs (valid), and a valid pair."""
+BAD_BYTES = [b"\xed\xa0\x80", b"a\xed\xbf\xbfb", b"\xc0\xaf", b"\xe0\x80\xaf", b"\xf0\x80\x80\xaf", b"\xf4\x90\x80\x80",
+             b"\xff", b"\xfe\xff", b"\x80", b"ab\xc3", b"\x00", b"\\u0000", b"\xef\xbb\xbf"]
+"""Raw string contents that are not UTF-8 (encoded surrogates, overlong forms, code points past U+10FFFF,
+stray bytes, a cut sequence), a raw NUL (not JSON), an escaped NUL and a stray byte-order mark."""
+BYTES = "@@BYTES@@"
 NASTY = [None, True, False, 0, -1, 1, 7, 19, 20, 2 ** 31, 2 ** 63, 2 ** 64, -(2 ** 63), 10 ** 30, 1.5, -0.0, 1e308,
          -1e308, 5e-324, "", "x", "1", "0.5", "\u00e9" * 8, "\x00", [], {}, [[]], {"a": 1}, [1] * 300,
-         list(range(-3, 30)), [-1], [0.5], ["1"], [None], [True]]
+         list(range(-3, 30)), [-1], [0.5], ["1"], [None], [True], *BAD_TEXT, BYTES, BYTES, [BYTES], {BAD_TEXT[0]: 1}]
 RAW_NUMBERS = ["1e400", "-1e400", "1e-400", "NaN", "Infinity", "-Infinity", "1" + "0" * 400, "-" + "9" * 300,
                "1E+999", "0.0000000000000000000000001"]
 PLACEHOLDER = "@@RAW@@"
@@ -64,7 +83,8 @@ def greedy_tokens(raw: Raw, prompt: list[int], rounds: int = 8) -> list[int]:
 # -- the mutation fuzzer ------------------------------------------------------------------------
 
 def random_value(rng: random.Random):
-    return rng.choice(NASTY) if rng.random() < 0.8 else PLACEHOLDER
+    """A hostile value (a copy: mutations must not change NASTY) or the raw-number placeholder."""
+    return copy.deepcopy(rng.choice(NASTY)) if rng.random() < 0.8 else PLACEHOLDER
 
 
 def valid_open(rng: random.Random) -> dict:
@@ -75,7 +95,7 @@ def valid_open(rng: random.Random) -> dict:
     if rng.random() < 0.5:
         body["seed"] = rng.randrange(2 ** 63)
     if rng.random() < 0.3:
-        body["open_id"] = f"fz{rng.randrange(50)}"
+        body["open_id"] = f"fz{rng.randrange(50)}" if rng.random() < 0.8 else rng.choice(BAD_TEXT + [BYTES])
     return body
 
 
@@ -93,7 +113,7 @@ def mutate(body: dict, rng: random.Random) -> dict:
         target = body
         if isinstance(body.get("sampling"), dict) and rng.random() < 0.4:
             target = body["sampling"]
-        keys = list(target) + ["v", "extra"]
+        keys = list(target) + ["v", "extra", "open_id", rng.choice(BAD_TEXT)]
         key = rng.choice(keys)
         choice = rng.random()
         if choice < 0.6:
@@ -111,6 +131,8 @@ def serialize(body: dict, rng: random.Random) -> bytes:
     while f'"{PLACEHOLDER}"' in text:
         text = text.replace(f'"{PLACEHOLDER}"', rng.choice(RAW_NUMBERS), 1)
     data = text.encode()
+    while BYTES.encode() in data:
+        data = data.replace(BYTES.encode(), rng.choice(BAD_BYTES), 1)
     roll = rng.random()
     if roll < 0.05:
         data = data[:rng.randrange(len(data) + 1)]
@@ -134,11 +156,12 @@ class Fuzzer:
         self.rounds: dict[str, int] = {}              # sid -> its next round number
         self.failures: list[tuple] = []
         self.statuses: dict[int, int] = {}
+        self.codes: Counter = Counter()               # the error codes answered
 
     def send(self, method: str, path: str, payload: bytes | None, headers: dict) -> tuple[int, bytes]:
         for attempt in (1, 2):                   # a keep-alive connection the server closed: once more
             if self.conn is None:
-                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=deadline(10))
             try:
                 self.conn.request(method, path, body=payload, headers=headers)
                 resp = self.conn.getresponse()
@@ -206,6 +229,8 @@ class Fuzzer:
             answer = json.loads(data) if data else {}
         except ValueError:
             answer = None
+        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+            self.codes[answer["error"].get("code")] += 1
         if status >= 400 and not (isinstance(answer, dict) and "error" in answer) and \
                 not (status == 400 and answer is None):        # aiohttp's plain-text 400: not even HTTP
             self.failures.append((method, path, payload[:200] if payload else None, status, "no JSON error", data))
@@ -222,26 +247,81 @@ class Fuzzer:
             self.sessions.pop(victim, None)
 
 
-def test_two_thousand_fuzzed_requests_get_no_5xx(fuzz_server):
+def rss_mb() -> float:
+    """This process's resident memory (the server runs in it), MB; 0 where /proc is missing."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except OSError:
+        return 0.0
+
+
+def fuzz(fuzz_server, tiny_pair, n_requests: int, max_growth_mb: float) -> None:
     running, lines = fuzz_server
     raw = Raw(running.url, TOKEN)
-    before = greedy_tokens(raw, [3, 1, 4, 1, 5])
+    prompt = [3, 1, 4, 1, 5]
+    reference = generate_tokens(tiny_pair[0], prompt, 8).token_ids      # the plain loop: `lever generate`'s tokens
+    assert greedy_tokens(raw, prompt) == reference
     fuzzer = Fuzzer(running.port, seed=12)
+    warm = max(1, n_requests // 10)            # the first tenth warms caches and pools before RSS is read
     t0 = time.monotonic()
-    for _ in range(N_REQUESTS):
+    for _ in range(warm):
+        fuzzer.one()
+    rss_before = rss_mb()
+    for _ in range(n_requests - warm):
         fuzzer.one()
     elapsed = time.monotonic() - t0
-    print(f"{N_REQUESTS} fuzzed requests in {elapsed:.1f} s; statuses {sorted(fuzzer.statuses.items())}")
+    for sid in list(running.server.sessions):          # the fuzzer's sessions, some it lost track of
+        raw("DELETE", f"/v1/sessions/{sid}")
+    rss_after = rss_mb()
+    print(f"{n_requests} fuzzed requests in {elapsed:.1f} s; statuses {sorted(fuzzer.statuses.items())}; "
+          f"{fuzzer.codes['invalid_text']} invalid_text; RSS {rss_before:.1f} MB after {warm} requests, "
+          f"{rss_after:.1f} MB at the end")
     assert not fuzzer.failures, fuzzer.failures[:5]
-    assert sum(fuzzer.statuses.values()) == N_REQUESTS
-    assert {200, 201, 400, 401, 403, 404, 409, 422} <= set(fuzzer.statuses), fuzzer.statuses   # it explored
+    assert sum(fuzzer.statuses.values()) == n_requests
+    explored = {200, 201, 400, 401, 403, 404, 409, 422} if n_requests >= 1000 else {200, 201, 400, 404, 422}
+    assert explored <= set(fuzzer.statuses), fuzzer.statuses
+    assert fuzzer.codes["invalid_text"] > 0, fuzzer.codes                # bodies that are not Unicode were sent
     assert not [line for line in lines if "internal error" in line or "Traceback" in line], lines[:5]
     metrics = raw("GET", "/v1/metrics")[1]
     assert not [code for code in metrics["statuses"] if code.startswith("5")], metrics["statuses"]
-    # alive and exact: the same greedy tokens as before the storm
-    for sid in list(running.server.sessions):          # the fuzzer's sessions, some it lost track of
-        raw("DELETE", f"/v1/sessions/{sid}")
-    assert greedy_tokens(raw, [3, 1, 4, 1, 5]) == before
+    assert rss_after - rss_before < max_growth_mb, (rss_before, rss_after)
+    # alive and exact: the plain loop's greedy tokens after the storm
+    assert greedy_tokens(raw, prompt) == reference
+
+
+def test_fuzzed_requests_get_no_5xx(fuzz_server, tiny_pair):
+    fuzz(fuzz_server, tiny_pair, FUZZ_REQUESTS, max_growth_mb=64)
+
+
+@pytest.mark.slow
+def test_two_thousand_fuzzed_requests_get_no_5xx_and_rss_stays_flat(fuzz_server, tiny_pair):
+    fuzz(fuzz_server, tiny_pair, FULL_REQUESTS, max_growth_mb=32)
+
+
+@pytest.mark.parametrize("payload, field", [
+    (b'{"v": 1, "prompt": [1, 2], "open_id": "\\ud800"}', "open_id"),
+    (b'{"v": 1, "prompt": [1, 2], "open_id": "a\\udfffb"}', "open_id"),
+    (b'{"v": 1, "prompt": [1, 2], "open_id": "\xed\xa0\x80"}', "open_id"),
+    (b'{"v": 1, "prompt": [1, 2], "open_id": "\xc0\xaf"}', "open_id"),
+    (b'{"v": 1, "prompt": [1, 2], "sampling": {"\\udc00": 1}}', "sampling"),
+    (b'{"v": 1, "prompt": [1, 2], "x": ["ok", "\xff"]}', "x[1]"),
+])
+def test_text_that_is_not_unicode_is_a_400_naming_its_field(fuzz_server, payload, field):
+    running, lines = fuzz_server
+    status, answer, _ = Raw(running.url, TOKEN)("POST", "/v1/sessions", raw=payload)
+    assert status == 400, answer
+    message = answer["error"]["message"]
+    assert answer["error"]["code"] == "invalid_text"
+    assert message.startswith(f"{field}: ") and "is not valid Unicode text" in message and "\n" not in message
+
+
+def test_an_escaped_nul_is_text(fuzz_server):
+    running, _ = fuzz_server
+    raw = Raw(running.url, TOKEN)
+    status, answer, _ = raw("POST", "/v1/sessions", {"prompt": [1, 2], "open_id": "a\x00b"})
+    assert status == 201, answer
+    assert raw("DELETE", f"/v1/sessions/{answer['session']}")[0] == 200
 
 
 # -- property-based: arbitrary JSON where the protocol expects numbers and lists ----------------

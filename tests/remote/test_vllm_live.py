@@ -17,7 +17,7 @@ import pytest
 
 from lever.api import load
 from lever.cli import main as lever_main
-from lever.remote.edge import RemoteTarget
+from lever.edge import RemoteTarget
 from lever.remote.vllm_server import INSTALL_HINT, VllmServer, vllm_python
 from lever.values import cache_root
 

@@ -280,7 +280,7 @@ def test_vllm_options_need_remote(extra, capsys):
 
 
 def test_remote_target_refuses_an_unknown_engine_and_vllm_options_on_lever():
-    from lever.remote.edge import RemoteTarget
+    from lever.edge import RemoteTarget
     with pytest.raises(LeverError, match="unknown remote engine 'sglang'"):
         RemoteTarget("http://127.0.0.1:1", engine="sglang")
     with pytest.raises(LeverError, match="--remote-engine vllm only"):

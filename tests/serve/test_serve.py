@@ -12,7 +12,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +23,7 @@ pytest.importorskip("aiohttp")
 from lever.cli import build_parser  # noqa: E402
 from lever.commands.serve import build_server  # noqa: E402
 from lever.serve.site import serve_thread  # noqa: E402
+from waiting import deadline, read_line, wait_exit, wait_until  # noqa: E402
 
 NAME = "smollm2-135m"
 TOKEN = "serve-test-token-0123456789abcdef"
@@ -63,14 +63,14 @@ def tree_server(smollm2_path, lever_cache):
 
 
 def client(site, token=TOKEN, **kw) -> "openai.OpenAI":
-    return openai.OpenAI(base_url=site.url + "/v1", api_key=token, max_retries=0, timeout=60, **kw)
+    return openai.OpenAI(base_url=site.url + "/v1", api_key=token, max_retries=0, timeout=deadline(60), **kw)
 
 
 def lever_generate(smollm2_path, lever_cache, prompt: str, max_new: int, *extra) -> dict:
     """`lever generate --json`: what the server must reproduce."""
     out = subprocess.run([sys.executable, "-m", "lever.cli", "generate", "--model", str(smollm2_path),
                           "--cache-dir", str(lever_cache), "--prompt", prompt, "--max-new-tokens", str(max_new),
-                          "--json", *extra], capture_output=True, text=True, timeout=120)
+                          "--json", *extra], capture_output=True, text=True, timeout=deadline(120))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -78,19 +78,14 @@ def lever_generate(smollm2_path, lever_cache, prompt: str, max_new: int, *extra)
 def metrics(site) -> dict[str, float]:
     """/metrics as {'name{labels}': value}."""
     req = urllib.request.Request(site.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
-    text = urllib.request.urlopen(req, timeout=10).read().decode()
+    text = urllib.request.urlopen(req, timeout=deadline(10)).read().decode()
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines() if line and not line.startswith("#")}
 
 
 def wait_for(predicate, timeout_s: float = 20.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    """The first true value of predicate() (a safety net of waiting.deadline(timeout_s) s)."""
+    return wait_until(predicate, timeout_s, f"waiting for {what}", interval=0.02)
 
 
 def chat_stream(c, messages, max_tokens, **kw):
@@ -299,7 +294,7 @@ def test_a_full_queue_is_a_429(smollm2_path, lever_cache):
             c.completions.create(model=NAME, prompt="Hi", max_tokens=3, temperature=0)
         assert e.value.body["code"] == "queue_full" and e.value.response.headers["Retry-After"] == "1"
         stream.close()
-        assert waiting.result(timeout=60).usage.completion_tokens == 3     # the queued one is still answered
+        assert waiting.result(timeout=deadline(60)).usage.completion_tokens == 3     # the queued one is still answered
     finally:
         site.stop()
 
@@ -310,7 +305,7 @@ def post_raw(site, path: str, data: bytes, token: str | None = TOKEN) -> tuple[i
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     req = urllib.request.Request(site.url + path, data=data, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=deadline(30)) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -337,8 +332,8 @@ def post_raw(site, path: str, data: bytes, token: str | None = TOKEN) -> tuple[i
      "unknown_parameter", "tools"),
     (json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "stream_options": {}}).encode(),
      400, "invalid_value", "stream_options"),
-    (json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}).encode(), 404,
-     "model_not_found", "model"),
+    (json.dumps({"model": ["gpt-4o"], "messages": [{"role": "user", "content": "x"}]}).encode(), 400,
+     "invalid_type", "model"),
 ])
 def test_a_bad_chat_request_gets_an_openai_error(ar_server, body, status, code, param):
     server, site = ar_server
@@ -363,10 +358,44 @@ def test_bad_completion_prompts_and_context(ar_server):
         c.completions.create(model=NAME, prompt=[1] * (server.generator.context - 10), max_tokens=20)
     with pytest.raises(openai.UnprocessableEntityError, match="max_tokens"):
         c.completions.create(model=NAME, prompt="x", max_tokens=4096)          # over --max-tokens 2048
-    with pytest.raises(openai.NotFoundError):
-        c.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError, match="n = 1"):
         c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], n=2)
+
+
+def test_a_model_the_server_does_not_host_is_served_by_its_own_with_one_warning(ar_server, monkeypatch):
+    """As llama-server: `"model": "gpt-4o"` gets the served model's answer (the response names the
+    served model), and the log one line per requested name, naming both models."""
+    server, site = ar_server
+    lines: list[str] = []
+    monkeypatch.setattr(server, "log", lines.append)
+    monkeypatch.setattr(server, "other_models", set())
+    c = client(site)
+    ref = c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                    temperature=0)
+    assert lines == []
+    for name in ("gpt-4o", "gpt-4o", "llama\nfake log line"):
+        reply = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                          temperature=0)
+        assert reply.model == NAME and reply.choices[0].message.content == ref.choices[0].message.content
+    text = c.completions.create(model="gpt-4o", prompt="Hi", max_tokens=2)
+    assert text.model == NAME
+    assert len(lines) == 2, lines                                     # once per name, the completion's too
+    assert "'gpt-4o'" in lines[0] and repr(NAME) in lines[0] and "does not host" in lines[0]
+    assert "\n" not in lines[1] and "\\n" in lines[1]                   # a name cannot forge a log line
+
+
+def test_the_other_model_warnings_are_bounded(ar_server, monkeypatch):
+    """A client sending ever new names grows neither the log nor the set of names without end."""
+    from lever.serve import openai_schema as schema
+    from lever.serve.app import MAX_LOGGED_MODEL_NAMES
+    server, _ = ar_server
+    lines: list[str] = []
+    monkeypatch.setattr(server, "log", lines.append)
+    monkeypatch.setattr(server, "other_models", set())
+    for i in range(MAX_LOGGED_MODEL_NAMES + 50):
+        server._note_other_model(schema.parse_completion({"model": f"m{i}", "prompt": "x"}, server.served))
+    assert len(lines) == MAX_LOGGED_MODEL_NAMES + 1 and "without logging each" in lines[-1]
+    assert len(server.other_models) == MAX_LOGGED_MODEL_NAMES + 1
 
 
 def test_authentication(ar_server):
@@ -376,7 +405,7 @@ def test_authentication(ar_server):
     with pytest.raises(openai.PermissionDeniedError):                     # 403
         client(site, token="wrong-token-wrong-token").models.list()
     assert post_raw(site, "/v1/completions", b'{"prompt": "x"}', token=None)[0] == 401
-    with urllib.request.urlopen(site.url + "/health", timeout=10) as r:   # no token needed
+    with urllib.request.urlopen(site.url + "/health", timeout=deadline(10)) as r:   # no token needed
         assert json.loads(r.read())["status"] == "ok"
 
 
@@ -385,7 +414,7 @@ def test_an_oversized_or_slow_body_is_refused(smollm2_path, lever_cache):
     try:
         status, answer = post_raw(site, "/v1/completions", json.dumps({"prompt": "x" * 2000}).encode())
         assert status == 413 and answer["error"]["code"] == "body_too_large"
-        with socket.create_connection((site.host, site.port), timeout=10) as sock:   # 10 of 100 bytes sent
+        with socket.create_connection((site.host, site.port), timeout=deadline(10)) as sock:   # 10 of 100 bytes
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
             answer = sock.recv(4096).decode()
         assert answer.startswith("HTTP/1.1 408") and "body_timeout" in answer
@@ -420,7 +449,7 @@ def test_models_health_and_metrics_format(ar_server):
     assert [m.id for m in c.models.list()] == [NAME]
     c.completions.create(model=NAME, prompt="Hi", max_tokens=2, temperature=0)
     req = urllib.request.Request(site.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with urllib.request.urlopen(req, timeout=deadline(10)) as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = r.read().decode()
     families = set()
@@ -444,17 +473,20 @@ def test_models_health_and_metrics_format(ar_server):
 # -- the command line ------------------------------------------------------------------
 
 def test_the_command_prints_its_url_and_serves(smollm2_path, lever_cache, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "lever.cli", "serve", "--model", str(smollm2_path),
-                             "--cache-dir", str(lever_cache), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        url = proc.stdout.readline().strip()
-        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", url), (url, proc.stderr.read() if proc.poll() else "")
-        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=10) as r:
-            assert json.loads(r.read())["model"] == str(smollm2_path)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    """Waited for by the URL line it prints; its log goes to a file (a pipe nobody reads could fill)."""
+    with open(tmp_path / "stderr.txt", "w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "lever.cli", "serve", "--model", str(smollm2_path),
+                                 "--cache-dir", str(lever_cache), "--port", "0"],
+                                stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            url = read_line(proc.stdout, 120, "lever serve's URL", proc).strip()
+            assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", url), (url, (tmp_path / "stderr.txt").read_text())
+            with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=deadline(10)) as r:
+                assert json.loads(r.read())["model"] == str(smollm2_path)
+        finally:
+            proc.terminate()
+            wait_exit(proc, 30, "lever serve after SIGTERM")
+            proc.stdout.close()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -478,6 +510,23 @@ def test_a_memory_limit_is_planned(smollm2_path, lever_cache):
     server, memory = build_server(args)
     server.queue.close()
     assert memory is not None and memory.limit_bytes == 64 * 10**9
+
+
+def test_context_bounds_what_a_request_may_use(smollm2_path, lever_cache):
+    """--context N: a request's prompt, completion and a whole tree fit N KV rows."""
+    base = ["serve", "--model", str(smollm2_path), "--cache-dir", str(lever_cache)]
+    args = build_parser().parse_args(base + ["--context", "300"])
+    server, _ = build_server(args)
+    server.queue.close()
+    assert server.generator.context == 300
+    args = build_parser().parse_args(base + ["--context", "300", "--draft", str(smollm2_path), "--mode", "chain",
+                                             "--draft-len", "4"])
+    server, _ = build_server(args)
+    server.queue.close()
+    assert server.generator.context == 300 - 5                        # a chain of 4: 5 rows per pass
+    plain, _ = build_server(build_parser().parse_args(base))
+    plain.queue.close()
+    assert plain.generator.context == plain.generator.loaded.config.max_context
 
 
 @pytest.mark.slow

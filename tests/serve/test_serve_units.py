@@ -12,6 +12,7 @@ from lever.sampling import SamplingParams
 from lever.serve import openai_schema as schema
 from lever.serve.generation_queue import Cancelled, GenerationQueue, Job, QueueFull
 from lever.serve.stop_strings import StopScanner
+from waiting import deadline
 
 
 @pytest.mark.parametrize("pieces, stops, shown, stopped", [
@@ -76,6 +77,18 @@ def test_a_bad_chat_request_names_its_field(body, status, param, text):
     assert set(err) == {"message", "type", "code", "param"} and err["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("body_model, requested", [(None, None), ("m", None), ("gpt-4o", "gpt-4o"), ("", "")])
+def test_another_model_name_is_served_by_the_served_model(body_model, requested):
+    """Not a 404 (as llama-server): the request runs on the served model, whose name the
+    responses carry; the name asked for is kept for the server's one warning."""
+    body = {"messages": [{"role": "user", "content": "x"}], **({} if body_model is None else {"model": body_model})}
+    for req in (schema.parse_chat(body, served()),
+                schema.parse_completion({"prompt": "x", **({} if body_model is None else {"model": body_model})},
+                                        served())):
+        assert req.model == "m" and req.requested_model == requested
+        assert schema.response(req, "id", 0, "t", [1], "stop", {})["model"] == "m"
+
+
 def test_completion_prompts():
     assert schema.parse_completion({"prompt": "abc"}, served()).prompt_ids == [2, 2, 2]
     assert schema.parse_completion({"prompt": [[5, 6]]}, served()).prompt_ids == [5, 6]
@@ -93,14 +106,16 @@ def test_the_queue_runs_jobs_in_order_bounded_and_drops_cancelled_ones():
         def work(tag):
             def run(job):
                 if tag == "first":
-                    gate.wait(10)
+                    assert gate.wait(deadline(10)), "the test never opened the gate"
                 order.append(tag)
                 return tag
             return run
 
         jobs = [Job(work(tag), loop) for tag in ("first", "second", "third")]
         queue.submit(jobs[0])
-        while queue.active == 0:
+        stop = loop.time() + deadline(10)
+        while queue.active == 0:                           # the first job has started
+            assert loop.time() < stop, "the first job never started"
             await asyncio.sleep(0.005)
         queue.submit(jobs[1])
         queue.submit(jobs[2])
@@ -154,3 +169,50 @@ def test_mode_lever_keeps_one_policy_per_sampling_setting():
     assert greedy.policy is greedy_again.policy and warm.policy is warm_other_seed.policy
     assert greedy.policy is not warm.policy and len(made) == 2
     assert greedy.mode == "lever" and greedy.draft_len == 3
+
+
+@pytest.mark.parametrize("raw, param, reason", [
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content",
+     "unpaired UTF-16 surrogate U+D800"),
+    (b'{"messages": [{"role": "user", "content": "a\\udfffb"}]}', "messages[0].content", "U+DFFF at character 1"),
+    (b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]}', "messages[0].content",
+     "a byte 0xED that is not UTF-8"),
+    (b'{"messages": [{"role": "user", "content": "ok\xc0\xaf"}]}', "messages[0].content",
+     "0xC0 that is not UTF-8 (or an"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\xff"}]}]}',
+     "messages[0].content[0].text", "0xFF"),
+    (b'{"messages": [{"role": "user", "content": "x", "name": "\\udc80"}]}', "messages[0].name", "0x80"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stop": ["a", "\\ud83d"]}', "stop[1]", "U+D83D"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "model": "\xe0\x80\xaf"}', "model", "0xE0"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "user": "\\udfff"}', "user", "U+DFFF"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "\\ud800": 1}', "(the body)", "has a field name that"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {"\xff": 1}}', "stream_options",
+     "has a field name that"),
+    (b'{"prompt": "\\ud800", "model": "m"}', "prompt", "U+D800"),
+    (b'{"prompt": ["\xed\xbf\xbf"]}', "prompt[0]", "0xED"),
+    ('{"prompt": "\ud800"}'.encode("utf-16-le", "surrogatepass"), "prompt", "U+D800"),      # JSON in UTF-16
+])
+def test_text_that_is_not_unicode_is_a_400_naming_its_field(raw, param, reason):
+    body = schema.decode_json(raw)
+    parse = schema.parse_chat if "messages" in body else schema.parse_completion
+    with pytest.raises(schema.OpenAIError) as e:
+        parse(body, served())
+    assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_text", param)
+    assert e.value.message.startswith(f"{param}: ") and reason in e.value.message and "\n" not in e.value.message
+
+
+@pytest.mark.parametrize("raw", [b'{"prompt": "a\\u0000b"}', b'{"prompt": "\\ud83d\\ude00 paired"}',
+                                 b'\xef\xbb\xbf{"prompt": "with a byte-order mark"}', '{"prompt": "\u00e9"}'.encode()])
+def test_nul_characters_and_paired_surrogates_are_text(raw):
+    req = schema.parse_completion(schema.decode_json(raw), served())
+    assert req.prompt_ids
+
+
+def test_deep_json_is_checked_without_recursion():
+    from lever.http.json_body import invalid_text
+    depth = 50_000
+    value = ["\ud800"]
+    for _ in range(depth):
+        value = [value]
+    path, reason = invalid_text({"x": value})
+    assert path == "x" + "[0]" * (depth + 1) and "U+D800" in reason

@@ -31,7 +31,6 @@ from tiny_model import gguf_logits, header_fields, lever_error_of, store_logits,
 
 N_MUTATIONS = int(os.environ.get("LEVER_FUZZ_MUTATIONS", 100))    # per test; more for a deeper local run
 SEED = int(os.environ.get("LEVER_FUZZ_SEED", 20261201))
-BUDGET_S = 60 * max(1, N_MUTATIONS // 100)
 
 
 # -- manifest.json ---------------------------------------------------------------------
@@ -136,10 +135,9 @@ def test_manifest_mutations(tiny_store, tmp_path, reseal):
         outcomes[outcome] += 1
         if not reseal and outcome != "error" and _canonical(text) != _canonical(original):
             failures.append(f"mutation {i}: an edited manifest loaded ({outcome} output)")
-    elapsed = time.monotonic() - t0
+    elapsed = time.monotonic() - t0      # shown, not asserted: a hang fails its own mutation (lever_error_of)
     print(f"manifest fuzz ({'resealed' if reseal else 'as mutated'}): {outcomes}, {elapsed:.1f} s")
     assert not failures, "\n".join(failures)
-    assert elapsed < BUDGET_S
     assert outcomes["error"] >= N_MUTATIONS // 2
 
 
@@ -183,7 +181,6 @@ def test_gguf_header_mutations(tmp_path):
         outcomes[outcome] += 1
         if outcome == "different" and label not in FLOAT_HYPERPARAMETERS:
             failures.append(f"mutation {i} ({label or 'string bytes'}): loaded with different logits")
-    elapsed = time.monotonic() - t0
+    elapsed = time.monotonic() - t0      # shown, not asserted: a hang fails its own mutation (lever_error_of)
     print(f"GGUF header fuzz: {outcomes}, {elapsed:.1f} s")
     assert not failures, "\n".join(failures)
-    assert elapsed < BUDGET_S

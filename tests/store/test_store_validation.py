@@ -148,6 +148,17 @@ MANIFEST_CASES = {
                                                  "weight_layout is not a field"),
     "weight_layout removed": (edit(delete("weight_layout")), "weight_layout is missing"),
     "weight_layout unknown, resealed": (edit(setter(("weight_layout",), "r8"), reseal=True), "weight_layout 'r8'"),
+    "max_context 2^24, resealed": (edit(setter(("config", "max_context"), 1 << 24), reseal=True),
+                                   "max_context 16777216 is outside 1..4194304"),
+    "source path /dev/zero, resealed": (edit(setter(("source", "path"), "/dev/zero"), reseal=True),
+                                        "source.path '/dev/zero' is a character device, not a GGUF file"),
+    "source path a directory, resealed": (edit(setter(("source", "path"), "/"), reseal=True),
+                                          "source.path '/' is a directory"),
+    "source path a FIFO, resealed": (lambda store: (os.mkfifo(store.parent / "source.fifo"), edit(
+        setter(("source", "path"), str(store.parent / "source.fifo")), reseal=True)(store)), "is a FIFO, not a GGUF"),
+    "source path a number, resealed": (edit(setter(("source", "path"), 7), reseal=True),
+                                       "source.path must be a string"),
+    "source a list, resealed": (edit(setter(("source",), []), reseal=True), "source must be an object"),
     "repacked ids in a gguf-layout store, resealed": (edit(setter(("weight_layout",), "gguf"), reseal=True),
                                                       "repacked type in a store whose weight_layout is 'gguf'"),
     "repacked id in an embedding part, resealed": (edit(lambda r: extent(r, "embed.0")["tensors"][0].update(qtype=1008),
@@ -187,6 +198,17 @@ def directory(name):
     return apply
 
 
+def link_loop(name, *chain):
+    """`name` replaced by a symbolic link into a loop: name -> chain[0] -> ... -> chain[-1] -> chain[0]."""
+    def apply(store):
+        os.unlink(store / name)
+        links = [name, *chain]
+        for here, there in zip(links, links[1:] + [chain[0]]):
+            if not os.path.lexists(store / here):
+                os.symlink(there, store / here)
+    return apply
+
+
 def edit_tokenizer(store):
     raw = json.loads((store / TOKENIZER).read_text())
     raw["tokenizer.ggml.tokens"][3] = "edited"
@@ -202,6 +224,9 @@ FILE_CASES = {
     "weights links out of the store": (outside_link(WEIGHTS), "symbolic link out of the store"),
     "manifest links out of the store": (outside_link(MANIFEST), "symbolic link out of the store"),
     "weights is a directory": (directory(WEIGHTS), "not a regular file (a directory)"),
+    "weights is a symlink loop": (link_loop(WEIGHTS, WEIGHTS), "a symbolic link that cannot be resolved"),
+    "weights is a two-link loop": (link_loop(WEIGHTS, "a", "b"), "a symbolic link that cannot be resolved"),
+    "manifest is a symlink loop": (link_loop(MANIFEST, MANIFEST), "a symbolic link that cannot be resolved"),
     "weights missing": (lambda s: os.unlink(s / WEIGHTS), "weights.bin is missing"),
     "manifest missing": (lambda s: os.unlink(s / MANIFEST), "not a Lever store"),
 }
@@ -220,7 +245,8 @@ def test_corrupt_store_is_one_clear_error(sources, tmp_path, case):
 
 
 @pytest.mark.parametrize("case", ["rope_theta edited", "two layers swapped with their CRCs", "chunk_bytes 0",
-                                  "weights is a FIFO", "deep nesting"])
+                                  "weights is a FIFO", "deep nesting", "weights is a symlink loop",
+                                  "max_context 2^24, resealed", "source path /dev/zero, resealed"])
 def test_cli_prints_one_error_line(sources, tmp_path, capsys, case):
     store = copy_of(sources, tmp_path)
     CASES[case][0](store)
@@ -256,6 +282,15 @@ def test_flipped_weights_byte_is_a_checksum_error(sources, tmp_path, arch, exten
 def test_store_equals_its_gguf(sources, arch):
     g, store = sources[arch]
     assert (store_logits(store) == native_logits(g)).all()
+
+
+@pytest.mark.parametrize("source_path", ["gone", "regular"])
+def test_a_source_gguf_deleted_or_in_place_is_fine(sources, tmp_path, source_path):
+    """source.path only has to be a regular file if it exists: a converted GGUF may be deleted."""
+    store = copy_of(sources, tmp_path)
+    path = tmp_path / "gone.gguf" if source_path == "gone" else sources["qwen2"][0]
+    edit(setter(("source", "path"), str(path)), reseal=True)(store)
+    assert StoreManifest.load(store).source["path"] == str(path)
 
 
 def test_reformatted_manifest_still_loads(sources, tmp_path):

@@ -132,6 +132,32 @@ def name(text: str) -> str:
     return text
 
 
+def url(text: str) -> str:
+    """A server's URL: http:// or https://, a host, and a port from 1 to
+    65535 when one is given (default 80 / 443); no user name or password."""
+    from urllib.parse import urlsplit
+    expected = f"expected http://HOST:PORT or https://HOST:PORT, got {_short(text)}"
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty, got {_short(text)}")
+    try:
+        parts = urlsplit(text.strip())
+        host = parts.hostname
+    except ValueError:                      # e.g. an unclosed IPv6 bracket
+        raise argparse.ArgumentTypeError(expected) from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise argparse.ArgumentTypeError(expected)
+    try:
+        port = parts.port                   # ValueError: not a number, or beyond 65535
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise argparse.ArgumentTypeError(f"{expected} (the port must be a number from 1 to 65535)")
+    if parts.username is not None or parts.password is not None:
+        raise argparse.ArgumentTypeError(f"{_short(text)}: a user name or password does not go in the URL "
+                                         f"(use --token-file)")
+    return text.strip()
+
+
 def directory(text: str) -> str:
     """A directory that may not exist yet (it is created), but not a file."""
     if not text:
@@ -188,8 +214,8 @@ def weight_layout(text: str) -> str:
     return value
 
 
-def bucket_list(what: str) -> Callable[[str], str]:
-    """A comma-separated list of positive bucket sizes ('1,8,16'), normalised
+def bucket_list(what: str, hi: int) -> Callable[[str], str]:
+    """A comma-separated list of bucket sizes from 1 to `hi` ('1,8,16'), normalised
     (sorted, duplicates dropped) and kept as text, so that a child command line
     (bench --memory-cap) passes it on as one argument (lever.npu.buckets.parse_buckets).
     what: "row buckets" or "context buckets", for the message."""
@@ -199,7 +225,7 @@ def bucket_list(what: str) -> Callable[[str], str]:
         if len(text) > 4 * MAX_NUMBER_CHARS:
             raise argparse.ArgumentTypeError(f"{_short(text)} is too long for a list of {what}")
         try:
-            return ",".join(map(str, parse_buckets(text, what)))
+            return ",".join(map(str, parse_buckets(text, what, limit=hi)))
         except LeverError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     parse.__name__ = "bucket list"

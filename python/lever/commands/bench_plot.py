@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..plotting import pyplot
 from .bench_modes import LEVER
 
 
 def _agg():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+    return pyplot("lever bench's chart")
 
 
 def mode_colors(names: list[str]) -> list[str]:

@@ -241,7 +241,9 @@ def result_document(args, b, kernels: dict, aggregates: dict, resident_agg: dict
 
 def write_outputs(result: dict, out_dir: Path, name: str, plot) -> None:
     """NAME.json and (with matplotlib, unless `plot` is None) NAME.png drawn by
-    `plot(result, path)` in out_dir; prints what was written."""
+    `plot(result, path)` in out_dir; prints what was written, and without
+    matplotlib (the plot extra) one line saying what to install."""
+    from ..plotting import PlotUnavailableError
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out_dir / f"{name}.json", out_dir / f"{name}.png"
     json_path.write_text(json.dumps(result, indent=1))
@@ -250,6 +252,6 @@ def write_outputs(result: dict, out_dir: Path, name: str, plot) -> None:
         if plot is not None:
             plot(result, png_path)
             wrote.append(str(png_path))
-    except ImportError:
-        print("# PNG skipped: matplotlib is not installed (pip install 'lever[bench]')", flush=True)
+    except PlotUnavailableError as e:
+        print(f"# PNG skipped: {e}", flush=True)
     print(f"# wrote {' and '.join(wrote)}", flush=True)

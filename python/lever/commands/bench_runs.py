@@ -59,8 +59,11 @@ def run_one(b, p: dict, prompt_ids: list[int], label: str, model, m) -> tuple[di
         b.target.reset_stats()
     layers = getattr(model, "layers", None) if getattr(b, "layers", None) is not None else None
     before = layers.report() if hasattr(layers, "report") else None
-    result, stats = speculative_generate(model, b.drafter if m.spec.mode != "ar" else None, prompt_ids,
-                                         b.new_tokens, b.params, m.spec, stop_ids=b.stop_ids)
+    if model is b.target:                  # the run's target, through the run's verifier
+        result, stats = b.run.speculate(prompt_ids, b.new_tokens, b.params, m.spec, stop_ids=b.stop_ids)
+    else:                                  # --resident: the pinned-store reference decoder beside it
+        result, stats = speculative_generate(model, None, prompt_ids, b.new_tokens, b.params, m.spec,
+                                             stop_ids=b.stop_ids)
     n = len(result.token_ids)
     row = {"prompt_id": p["id"], "category": p["category"], "mode": label,
            "prompt_tokens": len(prompt_ids), "new_tokens": n, "stop_reason": result.stop_reason,

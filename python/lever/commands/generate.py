@@ -6,15 +6,15 @@ import argparse
 import json
 import sys
 
-from ..config import DEFAULT_MODEL, DecodeConfig, RunConfig
+from ..config import DEFAULT_MODEL, DecodeConfig, RemoteConfig, RunConfig
 from ..engine import SpecConfig
 from ..errors import LeverError
 from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
 from .limits import MAX_CALL_COST_MS, MAX_RETRY_DEADLINE_S
-from .options import (add_backend_options, add_cache_dir, add_compute_options, add_dram_budget, add_max_new_tokens,
-                      add_probes, add_reader_options, add_reprofile, add_sampling_options, add_spec_options,
-                      add_target_store)
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_dram_budget,
+                      add_max_new_tokens, add_probes, add_reader_options, add_reprofile, add_sampling_options,
+                      add_spec_options, add_target_store)
 from ..memory.run_plan import memory_report
 from .memory_limit import print_memory_line
 from .prompt_input import add_prompt_options, read_prompt
@@ -30,6 +30,7 @@ def add_parser(subparsers) -> None:
     add_max_new_tokens(p, default=128, lo=0, help="tokens to generate at most (default 128)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate exactly --max-new-tokens tokens (do not stop at end-of-sequence)")
+    add_context(p)
     add_sampling_options(p, top=True, seed_default=None)
     add_compute_options(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
@@ -56,7 +57,7 @@ def add_parser(subparsers) -> None:
     add_reprofile(spec)
     add_reader_options(flash)
     remote = p.add_argument_group("edge-cloud: the target on a verifier server (`lever serve-verifier`)")
-    remote.add_argument("--remote", type=arg_types.name, default=None, metavar="URL",
+    remote.add_argument("--remote", type=arg_types.url, default=None, metavar="URL",
                         help="verify on the server at URL (http://HOST:PORT or https://HOST:PORT); --draft drafts and tokenizes here "
                              "(default mode lever; --mode ar is target-only remote decoding)")
     remote.add_argument("--remote-engine", choices=("lever", "vllm"), default="lever",
@@ -91,8 +92,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .static_backend import (apply_backend, backend_json, backend_line, check_backend_args, draft_ahead_default,
-                                 overlap_line)
+    """parse -> config -> build -> generate -> report."""
+    from .static_backend import apply_backend, check_backend_args, draft_ahead_default
     checks = check_backend_args(args, kernels=args.kernels, remote=args.remote, probes=args.probes)
     prompt = read_prompt(args)
     if args.remote:
@@ -108,71 +109,85 @@ def run(args: argparse.Namespace) -> int:
                 kv=kv_rule(new_tokens=max(0, decode.max_new_tokens), floor=MIN_KV_TOKENS,
                            in_memory=decode.max_new_tokens + PROMPT_ALLOWANCE),
                 drop_caches=args.drop_caches)
-    loaded, drafter = run.loaded, run.drafter
-    layers = apply_backend(args, loaded.model)          # None on the native backend
-
-    def stream(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    spec, policy, pruner = None, None, None
-    if args.draft or decode.mode != "ar":
-        pruner = run.pruner(decode.probes if decode.mode != "ar" else "off")
-        if decode.mode == "lever":
-            context = len(loaded.prompt_ids(prompt, chat=decode.chat)) + decode.max_new_tokens
-            policy = run.lever_policy(decode, context_tokens=context, pruner=pruner, npu_profile=checks.npu_profile)
-        spec = SpecConfig(decode.mode, decode.draft_len, decode.tree, policy=policy, draft_ahead=decode.draft_ahead,
-                          pruner=pruner)
-    p = decode.sampling
-    completion = loaded.generate(prompt, max_new_tokens=decode.max_new_tokens, temperature=p.temperature,
-                                 top_p=p.top_p, top_k=p.top_k, seed=p.seed, chat=decode.chat,
-                                 ignore_eos=decode.ignore_eos, on_text=None if args.json else stream,
-                                 drafter=drafter, spec=spec)
+    layers = apply_backend(args, run.target)          # None on the native backend
+    spec = speculation(run, decode, prompt, checks.npu_profile) if args.draft or decode.mode != "ar" else None
+    completion = run.generate(prompt, decode, spec=spec, on_text=None if args.json else stream)
     run.save_calibrations()
     if args.json:
-        out = completion.to_json()
-        out["model"] = config.target.name
-        out["path"] = str(loaded.path)
-        out["dtype"] = config.target.dtype
-        out["mode"] = decode.mode
-        out["draft"] = args.draft
-        out["kernels"] = kernel_info(config.target.kernels, loaded.model, drafter)
-        if config.target.streamed:
-            out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), run.page_cache)
-        out["memory"] = memory_report(run.memory)
-        out["probes"] = pruner.stats.to_json() if pruner is not None else None
-        out["backend"] = backend_json(args, layers)
-        if policy is not None and policy.npu_profile is not None:
-            out["npu_profile"] = policy.npu_profile
-        print(json.dumps(out))
+        print(json.dumps(json_report(args, run, decode, spec, completion, layers)))
     else:
         sys.stdout.write("\n")
-        r = completion.result
-        print(f"[{len(r.token_ids)} tokens, prefill {r.prefill_s:.2f} s, "
-              f"decode {r.decode_tokens_per_s:.1f} tokens/s, stop: {r.stop_reason}]", file=sys.stderr)
-        if completion.spec is not None and completion.spec.policy and completion.spec.policy.get("iterations"):
-            lv = completion.spec.policy
-            print(f"[lever: {lv['iterations']} iterations, tree {lv['tree_size']['mean']:.1f} nodes on average "
-                  f"(max {lv['tree_size']['max']}), accepted length predicted "
-                  f"{lv['accepted_length']['predicted_mean']:.2f} / realised {lv['accepted_length']['realised_mean']:.2f}]",
-                  file=sys.stderr)
-        if pruner is not None:
-            ps = pruner.stats.to_json()
-            print(f"[probes: layer {pruner.probe.layer}, {ps['pruned_per_pass']:.1f} draft nodes pruned per pass, "
-                  f"{100 * ps['compute_saved']:.1f}% of layer rows skipped, online recall "
-                  f"{ps['online_recall'] if ps['online_recall'] is not None else 'n/a'}]", file=sys.stderr)
-        if layers is not None:
-            print(backend_line(backend_json(args, layers), prefix="["), end="]\n", file=sys.stderr)
-        if completion.spec is not None and completion.spec.iterations and (layers is not None or spec.draft_ahead):
-            print(overlap_line(completion.spec.overlap(), prefix="["), end="]\n", file=sys.stderr)
-        print_memory_line(run.memory, sys.stderr)
+        print_footer(args, run, spec, completion, layers)
     return 0
+
+
+def stream(text: str) -> None:
+    """Write generated text to stdout as it comes."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def speculation(run, decode: DecodeConfig, prompt: str, npu_profile) -> SpecConfig:
+    """The SpecConfig of `decode` for this run: its probe pruner and, in mode
+    lever, the gain-cost policy sized for this prompt's context."""
+    pruner = run.pruner(decode.probes if decode.mode != "ar" else "off")
+    policy = None
+    if decode.mode == "lever":
+        context = len(run.loaded.prompt_ids(prompt, chat=decode.chat)) + decode.max_new_tokens
+        policy = run.lever_policy(decode, context_tokens=context, pruner=pruner, npu_profile=npu_profile)
+    return SpecConfig(decode.mode, decode.draft_len, decode.tree, policy=policy, draft_ahead=decode.draft_ahead,
+                      pruner=pruner)
+
+
+def json_report(args, run, decode: DecodeConfig, spec: SpecConfig | None, completion, layers) -> dict:
+    """The --json object: the completion, and what ran (model, mode, kernels, flash, memory, probes, backend)."""
+    from .static_backend import backend_json
+    target, loaded = run.config.target, run.loaded
+    pruner, policy = (spec.pruner, spec.policy) if spec is not None else (None, None)
+    out = completion.to_json()
+    out.update(model=target.name, path=str(loaded.path), dtype=target.dtype, mode=decode.mode, draft=args.draft,
+               kernels=kernel_info(target.kernels, loaded.model, run.drafter))
+    if target.streamed:
+        out["flash"] = flash_stats(loaded.model.report(), len(completion.token_ids), run.page_cache)
+    out["memory"] = memory_report(run.memory)
+    out["probes"] = pruner.stats.to_json() if pruner is not None else None
+    out["backend"] = backend_json(args, layers)
+    if policy is not None and policy.npu_profile is not None:
+        out["npu_profile"] = policy.npu_profile
+    return out
+
+
+def print_footer(args, run, spec: SpecConfig | None, completion, layers) -> None:
+    """The bracketed lines on stderr after streamed text: tokens, speed, stop
+    reason and seed; mode lever's trees; probes; backend; overlap; memory."""
+    from .static_backend import backend_json, backend_line, overlap_line
+    r = completion.result
+    seed = f", seed {r.seed}" if r.seed is not None else ""
+    print(f"[{len(r.token_ids)} tokens, prefill {r.prefill_s:.2f} s, "
+          f"decode {r.decode_tokens_per_s:.1f} tokens/s, stop: {r.stop_reason}{seed}]", file=sys.stderr)
+    stats = completion.spec
+    if stats is not None and stats.policy and stats.policy.get("iterations"):
+        lv = stats.policy
+        print(f"[lever: {lv['iterations']} iterations, tree {lv['tree_size']['mean']:.1f} nodes on average "
+              f"(max {lv['tree_size']['max']}), accepted length predicted "
+              f"{lv['accepted_length']['predicted_mean']:.2f} / realised {lv['accepted_length']['realised_mean']:.2f}]",
+              file=sys.stderr)
+    pruner = spec.pruner if spec is not None else None
+    if pruner is not None:
+        ps = pruner.stats.to_json()
+        print(f"[probes: layer {pruner.probe.layer}, {ps['pruned_per_pass']:.1f} draft nodes pruned per pass, "
+              f"{100 * ps['compute_saved']:.1f}% of layer rows skipped, online recall "
+              f"{ps['online_recall'] if ps['online_recall'] is not None else 'n/a'}]", file=sys.stderr)
+    if layers is not None:
+        print(backend_line(backend_json(args, layers), prefix="["), end="]\n", file=sys.stderr)
+    if stats is not None and stats.iterations and (layers is not None or spec.draft_ahead):
+        print(overlap_line(stats.overlap(), prefix="["), end="]\n", file=sys.stderr)
+    print_memory_line(run.memory, sys.stderr)
 
 
 def run_remote(args: argparse.Namespace, prompt: str) -> int:
     """Draft here, verify on the server at --remote."""
-    from ..draft.base import TreeShape
-    from ..remote.edge import RemoteTarget
+    from ..edge import RemoteTarget
     from .serve_verifier import read_token
 
     if not args.draft or args.draft == "ngram":
@@ -182,50 +197,46 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
     if args.probes == "on":
         raise LeverError("--probes on prunes a target in this process; with --remote the server verifies "
                          "(run it with --probes off or auto)")
+    remote = RemoteConfig.from_args(args, token=read_token(args.token_file) if args.token_file else None)
+    decode = DecodeConfig.from_args(args, draft=args.draft, streamed=True,   # default mode: lever
+                                    draft_ahead=args.draft_ahead)
+    target = RemoteTarget.from_config(remote, decode, args.draft, cache_dir=args.cache_dir)
+    p = decode.sampling
     try:
-        shape = TreeShape(args.tree_budget, args.tree_topk, args.tree_depth)
-    except ValueError as e:
-        raise LeverError(str(e)) from None
-    mode = args.mode or "lever"
-    target = RemoteTarget(args.remote, draft=args.draft, token=read_token(args.token_file) if args.token_file else None,
-                          mode=mode, draft_len=args.draft_len, tree=shape, max_nodes=args.lever_max_nodes,
-                          max_depth=args.lever_max_depth, topk=args.lever_topk, retry_deadline_s=args.retry_deadline,
-                          call_cost_s=args.call_cost_ms / 1e3, cache_dir=args.cache_dir, tls_ca=args.tls_ca,
-                          timeout_s=args.timeout, draft_ahead=args.draft_ahead, engine=args.remote_engine,
-                          remote_model=args.remote_model, branches=args.vllm_branches)
-
-    def stream(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    try:
-        completion = target.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                     top_p=args.top_p, top_k=args.top_k, seed=args.seed, chat=not args.no_chat,
-                                     ignore_eos=args.ignore_eos, on_text=None if args.json else stream)
+        completion = target.generate(prompt, max_new_tokens=decode.max_new_tokens, temperature=p.temperature,
+                                     top_p=p.top_p, top_k=p.top_k, seed=p.seed, chat=decode.chat,
+                                     ignore_eos=decode.ignore_eos, on_text=None if args.json else stream)
     except LeverError as e:
-        partial = getattr(e, "partial_result", None)
-        if partial is not None:
-            if args.json:
-                print(json.dumps({"error": str(e), "token_ids": partial.token_ids, "text": e.partial_text,
-                                  "new_tokens": len(partial.token_ids), "remote": e.remote, "mode": mode}))
-            else:
-                sys.stdout.write("\n")
-            print(f"lever: the {len(partial.token_ids)} tokens generated before the failure are kept above",
-                  file=sys.stderr)
+        keep_partial(args, e, decode.mode)
         raise
     if args.json:
         out = completion.to_json()
-        out.update(model=f"{args.remote} ({target.info.get('model')})", mode=mode, draft=args.draft,
+        out.update(model=f"{args.remote} ({target.info.get('model')})", mode=decode.mode, draft=args.draft,
                    remote_engine=args.remote_engine)
         print(json.dumps(out))
     else:
         sys.stdout.write("\n")
         r, rm = completion.result, completion.remote
+        seed = f", seed {r.seed}" if r.seed is not None else ""
         print(f"[{len(r.token_ids)} tokens, decode {r.decode_tokens_per_s:.1f} tokens/s, {rm['target_calls']} target "
               f"calls ({rm['target_calls_per_token']:.3f} per token), round trip {rm['round_trip_ms']['mean']:.1f} ms "
-              f"on average, {rm['retries']} retries, {rm['rebuilds']} session rebuilds]" if rm["round_trip_ms"] else
-              f"[{len(r.token_ids)} tokens]", file=sys.stderr)
+              f"on average, {rm['retries']} retries, {rm['rebuilds']} session rebuilds{seed}]" if rm["round_trip_ms"]
+              else f"[{len(r.token_ids)} tokens{seed}]", file=sys.stderr)
     return 0
+
+
+def keep_partial(args, error: LeverError, mode: str) -> None:
+    """After a remote failure: the tokens generated before it stay on stdout (or in the --json object)."""
+    partial = getattr(error, "partial_result", None)
+    if partial is None:
+        return
+    if args.json:
+        print(json.dumps({"error": str(error), "token_ids": partial.token_ids, "text": error.partial_text,
+                          "new_tokens": len(partial.token_ids), "remote": error.remote, "mode": mode}))
+    else:
+        sys.stdout.write("\n")
+    print(f"lever: the {len(partial.token_ids)} tokens generated before the failure are kept above",
+          file=sys.stderr)
 
 
 def kernel_info(mode: str, model, drafter=None) -> dict:

@@ -11,6 +11,12 @@ from __future__ import annotations
 # context is far smaller; the context check names the real limit.
 MAX_NEW_TOKENS = 1 << 20
 
+# Tokens a KV cache may be sized for (--context): 128 Ki, the longest context
+# of the supported model families (Qwen2.5 with its long-context scaling); a
+# store's own context caps it further. At 2 bytes per element that is about
+# 3.8 GB of KV for the 1.5B target, so a typo cannot ask for terabytes.
+MAX_CONTEXT_TOKENS = 1 << 17
+
 # Draft trees: nodes per tree (static --tree-budget, mode lever's
 # --lever-max-nodes, a bench tree:N / lever:N, profile's --max-n tree tokens
 # per pass), depth in levels, children per node, chain length in tokens.

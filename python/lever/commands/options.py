@@ -7,8 +7,8 @@ import argparse
 from ..sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
 from ..store.flash_reader import DEFAULT_QUEUE_DEPTH
 from . import arg_types
-from .limits import (MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_PREFETCH_DEPTH, MAX_READ_QUEUE_DEPTH, MAX_TREE_DEPTH,
-                     MAX_TREE_NODES, MAX_TREE_TOPK, MIN_READ_RATE)
+from .limits import (MAX_CONTEXT_TOKENS, MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_PREFETCH_DEPTH, MAX_READ_QUEUE_DEPTH,
+                     MAX_TREE_DEPTH, MAX_TREE_NODES, MAX_TREE_TOPK, MIN_READ_RATE)
 
 
 def add_hidden_alias(p, alias: str, dest: str, **kwargs) -> None:
@@ -29,12 +29,26 @@ def add_target_choice(p) -> None:
 
 
 def add_max_new_tokens(p, *, default: int | None, help: str, lo: int = 1, old: str | None = None) -> None:
-    """--max-new-tokens N (tokens to generate at most, lo..MAX_NEW_TOKENS);
+    """-n / --max-new-tokens N (tokens to generate at most, lo..MAX_NEW_TOKENS;
+    -n as llama.cpp users type it, in every command that has the option);
     `old`: the option's previous spelling, kept as a hidden alias."""
-    p.add_argument("--max-new-tokens", type=arg_types.integer(lo, MAX_NEW_TOKENS), default=default, metavar="N",
-                   help=help)
+    p.add_argument("--max-new-tokens", "-n", type=arg_types.integer(lo, MAX_NEW_TOKENS), default=default,
+                   metavar="N", help=help)
     if old:
         add_hidden_alias(p, old, "max_new_tokens", type=arg_types.integer(lo, MAX_NEW_TOKENS), metavar="N")
+
+
+def add_context(p) -> None:
+    """--context N (alias --max-context): the tokens (prompt and output
+    together) the KV caches are sized for, 1..MAX_CONTEXT_TOKENS, into
+    `args.context`; None (the default) keeps the usual rule (lever.runtime.kv_rule:
+    a prompt allowance + --max-new-tokens, for a store at least MIN_KV_TOKENS,
+    at most the model's context)."""
+    p.add_argument("--context", "--max-context", dest="context", type=arg_types.integer(1, MAX_CONTEXT_TOKENS),
+                   default=None, metavar="N",
+                   help=f"size the KV cache for N tokens, prompt and output together, 1..{MAX_CONTEXT_TOKENS:,} "
+                        f"(default: a 1,024-token prompt allowance + --max-new-tokens, for a --target-store at "
+                        f"least 2,048, at most the model's context); a smaller N lowers a store's DRAM floor")
 
 
 def add_target_store(p, instead_of: str = "--model") -> None:
@@ -45,7 +59,7 @@ def add_target_store(p, instead_of: str = "--model") -> None:
 
 KERNELS_HELP = ("native: the native decoder, quantised matrices stay quantised and Lever's kernels multiply them "
                 "(default); torch: the torch reference, weights dequantised to --dtype, torch matmul (needs "
-                "lever[torch]; in-memory targets only)")
+                "lever-llm[torch]; in-memory targets only)")
 
 
 def add_compute_options(p, *, kernels: bool = True) -> None:
@@ -127,13 +141,15 @@ def add_backend_options(p, *, backend: bool = True, npu_profile: bool = True) ->
                        help="where the target's decoder layers run: native = Lever's CPU kernels (default); "
                             "cpu-static = ONNX Runtime's CPU EP on static-shape bucket graphs; qnn = the QNN HTP "
                             "(an NPU; simulated on an x86-64 host, where its timings are not NPU speed). Static "
-                            "backends pack each tree into a compiled (rows, context) bucket; needs lever[npu]")
-    g.add_argument("--buckets", type=arg_types.bucket_list("row buckets"), default=",".join(map(str, DEFAULT_ROWS)),
-                   metavar="LIST", help=f"row buckets (tree tokens per pass) of a static backend, e.g. 1,8,16 "
-                                        f"(default {','.join(map(str, DEFAULT_ROWS))}); a larger tree is split")
-    g.add_argument("--contexts", type=arg_types.bucket_list("context buckets"), default=",".join(map(str, DEFAULT_CONTEXTS)),
-                   metavar="LIST", help=f"context buckets (cached tokens) of a static backend; the largest is "
-                                        f"the run's context limit (default {','.join(map(str, DEFAULT_CONTEXTS))})")
+                            "backends pack each tree into a compiled (rows, context) bucket; needs lever-llm[npu]")
+    g.add_argument("--buckets", type=arg_types.bucket_list("row buckets", MAX_TREE_NODES),
+                   default=",".join(map(str, DEFAULT_ROWS)), metavar="LIST",
+                   help=f"row buckets (tree tokens per pass) of a static backend, e.g. 1,8,16, each "
+                        f"1..{MAX_TREE_NODES:,} (default {','.join(map(str, DEFAULT_ROWS))}); a larger tree is split")
+    g.add_argument("--contexts", type=arg_types.bucket_list("context buckets", MAX_CONTEXT_TOKENS),
+                   default=",".join(map(str, DEFAULT_CONTEXTS)), metavar="LIST",
+                   help=f"context buckets (cached tokens) of a static backend, each 1..{MAX_CONTEXT_TOKENS:,}; the "
+                        f"largest is the run's context limit (default {','.join(map(str, DEFAULT_CONTEXTS))})")
     g.add_argument("--soc", type=arg_types.soc_model, default=None, metavar="ID",
                    help=f"SoC model the qnn backend prepares graphs for: "
                         + ", ".join(f"{k} = {v[0]}" for k, v in SOCS.items()) + f" (default {DEFAULT_SOC})")
@@ -192,9 +208,10 @@ def add_probes(p, *, default: str, help: str) -> None:
 
 
 def add_reprofile(p) -> None:
-    """--reprofile: mode lever measures the device profile again."""
+    """--reprofile: mode lever measures the device profile again, in full."""
     p.add_argument("--reprofile", action="store_true",
-                   help="mode lever: measure the device profile again even if one is cached")
+                   help="mode lever: measure the device profile again, in full (every layer, about a minute), "
+                        "even if one is cached; without it a first run estimates the profile in seconds")
 
 
 def add_no_progress(p) -> None:

@@ -207,12 +207,18 @@ def run_train(args: argparse.Namespace) -> int:
     report.update(probe_path=str(path) if path else None, not_stored=verdict)
     out = Path(args.traces)
     (out / REPORT_JSON).write_text(json.dumps(report, indent=1))
-    if not args.no_plot:
+    plotted = not args.no_plot
+    if plotted:
+        from ..plotting import PlotUnavailableError
         from ..probe.plot import plot_probe_report
-        plot_probe_report(report, out / REPORT_PNG, title=f"{report['target']}: held-out probes")
+        try:
+            plot_probe_report(report, out / REPORT_PNG, title=f"{report['target']}: held-out probes")
+        except PlotUnavailableError as e:             # the probe and the JSON report stand without it
+            print(f"# {REPORT_PNG} skipped: {e}")
+            plotted = False
     print(format_table(report))
     print(f"probe: {path}" if path is not None else f"no probe stored: {verdict}")
-    print(f"report: {out / REPORT_JSON}" + ("" if args.no_plot else f", {out / REPORT_PNG}"))
+    print(f"report: {out / REPORT_JSON}" + (f", {out / REPORT_PNG}" if plotted else ""))
     sys.stdout.flush()
     return 0
 

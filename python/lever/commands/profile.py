@@ -56,7 +56,8 @@ def add_parser(subparsers) -> None:
     add_cache_dir(p)
     p.add_argument("--json", action="store_true", help="print the profile as JSON instead of the table")
     p.add_argument("--plot", type=arg_types.output_file, default=None, metavar="PATH",
-                   help="also write a PNG of pass and draft times")
+                   help="also write a PNG of pass and draft times (needs matplotlib: pip install "
+                        "'lever-llm[plot]')")
     add_no_progress(p)
     add_backend_options(p)
     p.set_defaults(run=run)
@@ -79,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     from .static_backend import apply_backend, check_backend_args, is_static
 
     checks = check_backend_args(args, kernels=args.kernels, probes=args.probes)
+    if args.plot:                 # before a minute of measuring, not after it
+        from ..plotting import require_matplotlib
+        require_matplotlib("lever profile --plot")
     if args.draft == "ngram":
         raise LeverError("lever profile needs a draft model (--draft NAME, e.g. qwen2.5-coder-0.5b): "
                          "'ngram' runs no forward pass, so there is nothing to measure")
@@ -155,7 +159,8 @@ def print_table(model, target_name: str, draft_name: str) -> None:
                                     if p.simulated else ""))
     print(f"# target {target_name}, draft {draft_name}; {len(p.stages)} stages, "
           f"{sum(s.streamed for s in p.stages)} streamed ({p.io_bytes_per_pass / 1e6:,.1f} MB/pass), "
-          f"prefetch depth {p.prefetch_depth}; measured {p.created} in {p.measure_s:.1f} s")
+          f"prefetch depth {p.prefetch_depth}; measured {p.created} in {p.measure_s:.1f} s"
+          + (f", {p.read_bytes / 1e6:,.0f} MB read from flash" if p.read_bytes else ""))
     print(f"{'stage':<10} {'read MB':>8} {'io ms':>8} " + " ".join(f"{f'C(n={n}) ms':>12}" for n in cols))
     for s in p.stages:
         c = interpolate(p.n_grid, s.compute_s, np.array(cols, dtype=float), p.fixed_shapes, p.pass_spread)

@@ -1,18 +1,20 @@
-"""The prompt of `lever generate`: --prompt TEXT, --prompt - (stdin) or
---prompt-file PATH, as UTF-8 text of at most MAX_PROMPT_BYTES bytes."""
+"""The prompt of `lever generate`: --prompt TEXT (or -p TEXT, as llama.cpp
+spells it), --prompt - (stdin) or --prompt-file PATH, as UTF-8 text of at
+most MAX_PROMPT_BYTES bytes."""
 
 from __future__ import annotations
 
 import sys
 
 from ..errors import PromptError
+from ..files import read_small_file
 from .limits import MAX_PROMPT_BYTES
 
 
 def add_prompt_options(p) -> None:
-    """--prompt TEXT | --prompt-file PATH (one of them required)."""
+    """-p / --prompt TEXT | --prompt-file PATH (one of them required)."""
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--prompt", default=None, metavar="TEXT", help="prompt text ('-' reads it from stdin)")
+    group.add_argument("--prompt", "-p", default=None, metavar="TEXT", help="prompt text ('-' reads it from stdin)")
     group.add_argument("--prompt-file", default=None, metavar="PATH",
                        help="read the prompt from this UTF-8 text file")
 
@@ -39,16 +41,11 @@ def read_prompt(args) -> str:
 
 
 def read_file(path: str, source: str) -> bytes:
-    """Up to MAX_PROMPT_BYTES + 1 bytes of the file at `path`."""
-    try:
-        with open(path, "rb") as f:
-            return _bounded(f.read(MAX_PROMPT_BYTES + 1), source)
-    except IsADirectoryError:
-        raise PromptError(f"{source}: is a directory, expected a text file") from None
-    except FileNotFoundError:
-        raise PromptError(f"{source}: no such file") from None
-    except OSError as e:
-        raise PromptError(f"{source}: cannot be read ({e.strerror or e})") from None
+    """The bytes of the regular file at `path`, at most MAX_PROMPT_BYTES; a
+    FIFO, device or directory is refused before any read (a FIFO would block
+    until a writer came; a pipe's text goes to --prompt -)."""
+    return read_small_file(path, MAX_PROMPT_BYTES, source, PromptError,
+                           fifo_hint=" (to read a pipe, use --prompt - with the pipe on standard input)")
 
 
 def read_stdin() -> bytes:

@@ -14,8 +14,9 @@ from ..engine import SpecConfig
 from ..errors import LeverError
 from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
-from .options import (add_cache_dir, add_compute_options, add_dram_budget, add_max_new_tokens, add_reader_options,
-                      add_reprofile, add_sampling_options, add_server_address, add_spec_options, add_target_store)
+from .options import (add_cache_dir, add_compute_options, add_context, add_dram_budget, add_max_new_tokens,
+                      add_reader_options, add_reprofile, add_sampling_options, add_server_address, add_spec_options,
+                      add_target_store)
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -34,6 +35,7 @@ def add_parser(subparsers) -> None:
     add_max_new_tokens(p, default=4096, old="--max-tokens",
                        help="completion tokens per request at most, and the default of a request without "
                             "max_tokens (capped by the context) (default 4096)")
+    add_context(p)
     p.add_argument("--max-body-bytes", type=arg_types.integer(1, 1 << 30), default=1 << 20, metavar="BYTES",
                    help="largest request body (default 1 MiB)")
     p.add_argument("--header-timeout", type=arg_types.real(0.01, 3600), default=10.0, metavar="SECONDS",
@@ -105,7 +107,8 @@ def build_server(args: argparse.Namespace, say=lambda line: None):
                 kv=kv_rule(new_tokens=decode.max_new_tokens, floor=MIN_KV_TOKENS))
     spec_for = build_specs(run, decode)
     name = args.model_name or (config.target.store.name if config.target.streamed else args.model)
-    generator = Generator(run.loaded, run.drafter, spec_for, args.draft, EngineCounters())
+    generator = Generator(run.loaded, run.drafter, spec_for, args.draft, EngineCounters(), run.speculate,
+                          kv_limit=config.memory.context)
     return OpenAIServer(generator, name, limits, token=token, defaults=decode.sampling, log=say), run.memory
 
 
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import aiohttp  # noqa: F401
     except ImportError:
-        raise LeverError("lever serve needs aiohttp: pip install 'lever[server]'") from None
+        raise LeverError("lever serve needs aiohttp: pip install 'lever-llm[server]'") from None
     from ..serve.site import serve_forever
     from .serve_verifier import is_loopback
 

@@ -20,6 +20,7 @@ from .options import add_cache_dir, add_compute_options, add_dram_budget, add_re
 
 VERIFY_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 MIN_TOKEN_BYTES = 16
+MAX_TOKEN_FILE_BYTES = 4096          # a token file holds one token: a few dozen bytes
 
 
 def add_parser(subparsers) -> None:
@@ -68,11 +69,15 @@ def add_parser(subparsers) -> None:
 
 
 def read_token(path: str) -> str:
-    """The bearer token in the file at `path` (surrounding whitespace stripped)."""
+    """The bearer token in the file at `path` (surrounding whitespace
+    stripped): a regular file of at most MAX_TOKEN_FILE_BYTES bytes (a FIFO
+    or device is refused unread: it would block, or never end)."""
+    from ..files import read_small_file
+    data = read_small_file(path, MAX_TOKEN_FILE_BYTES, f"--token-file {path}")
     try:
-        token = Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        raise LeverError(f"--token-file {path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+        token = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise LeverError(f"--token-file {path}: the token must be printable ASCII") from None
     if not token or any(c.isspace() for c in token):
         raise LeverError(f"--token-file {path}: expected one token without spaces")
     if not token.isascii() or not token.isprintable():
@@ -128,11 +133,26 @@ def load_target(args):
 
 
 def measure_verify_cost(model, max_nodes: int, say) -> dict:
-    """Seconds of one target pass over n tree tokens, for the clients' tree sizing."""
+    """Seconds of one target pass over n tree tokens, for the clients' tree sizing:
+    on the native layers a quick estimate (lever.cost.quick: a few flash reads
+    and one layer's forwards per layer type, seconds rather than the minutes
+    of whole passes over a streamed store), else timed whole passes.  The
+    clients follow what rounds really cost (lever.remote.cost)."""
+    import time
+
     from ..cost.measure import forward_seconds
+    from ..cost.quick import estimate_pass_seconds, layer_groups, quick_supported
     grid = [n for n in VERIFY_GRID if n <= max_nodes]
-    seconds = forward_seconds(model, grid, ctx=128, repeats=2, rng=np.random.default_rng(0), say=say,
-                              label="verify")
+    if not quick_supported(model):
+        seconds = forward_seconds(model, grid, ctx=128, repeats=2, rng=np.random.default_rng(0), say=say,
+                                  label="verify")
+        return {"n": grid, "s": [round(s, 6) for s in seconds]}
+    say(f"measuring the verify cost (flash reads, one layer's compute per layer type: {len(layer_groups(model))} "
+        f"of {model.config.n_layers} layers) ...")
+    t0 = time.perf_counter()
+    seconds = estimate_pass_seconds(model, grid)
+    say(f"verify cost estimated in {time.perf_counter() - t0:.1f} s: "
+        + ", ".join(f"n={n} {s * 1e3:,.1f} ms" for n, s in zip(grid, seconds)))
     return {"n": grid, "s": [round(s, 6) for s in seconds]}
 
 
@@ -147,9 +167,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         import aiohttp  # noqa: F401
     except ImportError:
-        raise LeverError("lever serve-verifier needs aiohttp: pip install 'lever[server]'") from None
+        raise LeverError("lever serve-verifier needs aiohttp: pip install 'lever-llm[server]'") from None
     from ..remote.protocol import Limits
-    from ..remote.server import VerifierServer, serve_forever
+    from ..remote.server import serve_forever
 
     from ..remote.tls import server_context
 
@@ -186,9 +206,9 @@ def run(args: argparse.Namespace) -> int:
     if reason is not None:
         raise LeverError(f"cannot batch verification: {reason}; pass --batch-window-ms 0")
     verify_cost = measure_verify_cost(loaded.model, limits.max_tree_nodes, say)
-    server = VerifierServer(loaded.model, name, limits, token=token, verify_cost=verify_cost,
-                            tokenizer=loaded.tokenizer.fingerprint(), log=say,
-                            batch_window_s=args.batch_window_ms / 1e3, max_batch_trees=args.max_batch_trees)
+    server = run.verifier_server(name, limits, token=token, verify_cost=verify_cost,
+                                 tokenizer=loaded.tokenizer.fingerprint(), log=say,
+                                 batch_window_s=args.batch_window_ms / 1e3, max_batch_trees=args.max_batch_trees)
 
     def ready(port: int) -> None:
         say(f"serving {name} on {'https' if tls else 'http'}://{args.host}:{port} (protocol v1, "

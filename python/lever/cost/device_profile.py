@@ -75,6 +75,9 @@ class DeviceProfile:
                                       # device's measured figures, lever.cost.npu_profile)
     simulated: bool = False           # the times are of a simulated NPU (qnn's HTP simulator on a
                                       # non-ARM host): never a phone's speed
+    quick: bool = False               # estimated by lever.cost.quick (one layer per layout, a few
+                                      # reads per extent size), not measured pass by pass
+    read_bytes: int = 0               # bytes read from flash while measuring (0: not counted)
     version: int = field(default=VERSION)
 
     @property
@@ -103,7 +106,8 @@ class DeviceProfile:
                     pass_spread=[float(x) for x in d["pass_spread"]],
                     draft_spread=[float(x) for x in d["draft_spread"]],
                     validation=[dict(r) for r in d["validation"]], rejected_runs=int(d["rejected_runs"]),
-                    backend=str(d.get("backend", "native")), simulated=bool(d.get("simulated", False)))
+                    backend=str(d.get("backend", "native")), simulated=bool(d.get("simulated", False)),
+                    quick=bool(d.get("quick", False)), read_bytes=int(d.get("read_bytes", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"malformed profile ({type(e).__name__}: {e})") from None
         p.validate()
@@ -132,8 +136,8 @@ class DeviceProfile:
                 raise ProfileError(f"profile: {name} has a negative, infinite or NaN spread")
         for r in self.validation:
             _check_validation_record(r, {"target": self.n_grid, "draft": self.draft_grid})
-        if self.rejected_runs < 0:
-            raise ProfileError("profile: negative count of rejected runs")
+        if self.rejected_runs < 0 or self.read_bytes < 0:
+            raise ProfileError("profile: negative count of rejected runs or bytes read")
         for s in self.stages:
             if s.kind not in STAGE_KINDS:
                 raise ProfileError(f"profile: stage {s.name} has kind {s.kind!r} (expected layer or head)")

@@ -165,5 +165,10 @@ class CostDrift:
 
 def profile_spread(profile) -> float:
     """The typical relative spread of a profile's pass measurements (the median
-    over its n grid); 0.0 when it has none recorded."""
+    over its n grid); 0.0 when it has none recorded, and for a quick profile
+    (lever.cost.quick): the spread of its few one-layer timings says how
+    repeatable they were, not how far the whole-pass estimate built from them
+    may be off, so its passes refit at the threshold's floor (DRIFT_FLOOR)."""
+    if getattr(profile, "quick", False):
+        return 0.0
     return float(statistics.median(profile.pass_spread)) if profile.pass_spread else 0.0

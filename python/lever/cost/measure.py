@@ -111,6 +111,9 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
     t_start = time.perf_counter()
     rng = np.random.default_rng(0)
     streamed = hasattr(target, "plan")
+    if streamed:
+        target.settle()              # the ring's reads in flight are the next pass's, not the measurement's
+    counter = ReadCounter(target)
     io = _measure_io(target, say) if streamed else {}
     from .profile import simulated_npu, static_layers, target_backend
     fixed = static_layers(target) is not None
@@ -137,7 +140,27 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
                          pass_spread=[p.spread for p in target_points],
                          draft_spread=[p.spread for p in draft_points], validation=validation,
                          rejected_runs=sum(p.rejected for p in target_points + draft_points),
-                         backend=target_backend(target), simulated=simulated_npu(target))
+                         backend=target_backend(target), simulated=simulated_npu(target),
+                         read_bytes=counter.bytes)
+
+
+class ReadCounter:
+    """Bytes a target read from flash since this was made: its reader's (extents)
+    plus the embedding rows read on demand; 0 for a target in DRAM."""
+
+    def __init__(self, target):
+        self.target = target
+        self.start = self._now()
+
+    def _now(self) -> int:
+        reader = getattr(self.target, "reader", None)
+        stats = getattr(self.target, "stats", None)
+        return (int(reader.stats()["bytes_read"]) if reader is not None else 0) \
+            + int(getattr(stats, "embedding_bytes", 0))
+
+    @property
+    def bytes(self) -> int:
+        return self._now() - self.start
 
 
 # -- repeats, outliers, validation ----------------------------------------------------
@@ -290,11 +313,19 @@ def _measure_io(target, say) -> dict[str, tuple[float, int]]:
 # -- compute ----------------------------------------------------------------------
 
 def random_tree(n: int, vocab: int, rng: np.random.Generator) -> TokenTree:
-    """A random valid token tree of `n` nodes (root included), distinct tokens."""
+    """A random valid token tree of `n` nodes (root included), distinct tokens
+    (a vocabulary smaller than n repeats tokens, never among siblings)."""
     tokens = rng.choice(vocab, size=n, replace=False) if n <= vocab else rng.integers(0, vocab, n)
     tree = TokenTree(int(tokens[0]))
     for i in range(1, n):
-        tree.add(int(rng.integers(0, i)), int(tokens[i]), -1.0)
+        parent = int(rng.integers(0, i))
+        if n > vocab:           # another parent and token until no sibling has it
+            used = {tree.token(c) for c in tree.children(parent)}
+            while int(tokens[i]) in used:
+                parent = int(rng.integers(0, i))
+                used = {tree.token(c) for c in tree.children(parent)}
+                tokens[i] = rng.integers(0, vocab)
+        tree.add(parent, int(tokens[i]), -1.0)
     return tree
 
 

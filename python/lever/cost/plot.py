@@ -7,14 +7,13 @@ import os
 
 import numpy as np
 
+from ..plotting import pyplot
 from .cost_model import CostModel
 
 
 def plot_cost_model(model: CostModel, path: str | os.PathLike, title: str = "") -> None:
     """Write the two panels to `path` (PNG, matplotlib's Agg backend); times in ms."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("lever profile --plot")
 
     p = model.profile
     n_max = max(p.n_grid)

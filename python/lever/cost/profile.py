@@ -6,6 +6,12 @@
     profile = load_or_measure(target, draft_model, key)       # cached under <cache>/profiles/
     model = CostModel(profile)                                # lever.cost.cost_model
 
+Mode lever does not wait for this measurement on a first run: `load_or_estimate`
+takes a cached full profile if there is one, else a quick estimate made in
+seconds (lever.cost.quick: a few reads per extent size and one layer's
+forwards per layer layout; `quick` in the profile and its key), which the
+run's real passes then correct (lever.cost.drift).
+
 A profile is valid only for exactly what it was measured with: the models
 (a store's manifest checksum, a GGUF's size and mtime), the storage format,
 the kernels and thread counts, the flash reader and its read limit, the DRAM
@@ -40,14 +46,18 @@ from ..errors import ProfileError
 from ..npu.runtime import versions
 from ..values import cache_root, dtype_name
 from . import measure as _measure
+from . import quick as _quick
 from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, VERSION, DeviceProfile, Stage
 from .identity import machine_identity, model_identity, store_identity
 
 DEFAULT_CONTEXT_TOKENS = 128      # context tokens before each timed tree (measure_profile's default)
+# Grids of the full profiles a run takes instead of a quick estimate: mode
+# lever's own (`--reprofile`) and `lever profile`'s default (--max-n 256)
+FULL_N_GRIDS = (DEFAULT_N_GRID, (*DEFAULT_N_GRID, 256))
 
 __all__ = ["DeviceProfile", "Stage", "DEFAULT_N_GRID", "DEFAULT_DRAFT_GRID", "VERSION", "profile_key",
            "profile_path", "measure_profile", "load_or_measure", "cached_profile", "save_profile",
-           "measure_defaults", "static_layers", "target_backend", "simulated_npu"]
+           "measure_defaults", "static_layers", "target_backend", "simulated_npu", "load_or_estimate", "quick_key"]
 
 
 def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID,
@@ -184,6 +194,12 @@ def full_key(key: dict, **measure_kwargs) -> dict:
     return {**json.loads(json.dumps(key)), "measure": _measure.measure_settings(**measure_kwargs)}
 
 
+def quick_key(key: dict, **settings) -> dict:
+    """`key` plus a quick profile's settings ({"quick": true, grids, context,
+    repeats}, lever.cost.quick): never the key of a full measurement."""
+    return {**json.loads(json.dumps(key)), "measure": _quick.quick_settings(**settings)}
+
+
 def _read_cached(path: Path, key: dict) -> DeviceProfile | None:
     """The profile stored at `path` if it is intact and has exactly `key`; else None
     (with a warning on stderr when a file was there but unusable)."""
@@ -244,4 +260,33 @@ def load_or_measure(target, draft_model, key: dict, cache_dir: str | os.PathLike
     _write(path, profile)
     if progress:
         print(f"profile: measured in {profile.measure_s:.1f} s, saved to {path}", file=sys.stderr, flush=True)
+    return profile
+
+
+def load_or_estimate(target, draft_model, key: dict, cache_dir: str | os.PathLike | None = None,
+                     progress: bool = True) -> DeviceProfile:
+    """The profile mode lever runs with when nobody asked for a measurement:
+    a cached full profile of the default settings with either grid of
+    FULL_N_GRIDS (`lever profile`, `--reprofile`), else a cached quick
+    profile, else a quick estimate made now (lever.cost.quick: seconds
+    instead of a minute) and cached under `quick_key`.  A target whose layers
+    cannot run one at a time here (a static-shape backend, the torch kernels)
+    is measured in full (`load_or_measure`)."""
+    if not _quick.quick_supported(target) or measure_defaults(target):
+        return load_or_measure(target, draft_model, key, cache_dir=cache_dir, progress=progress)
+    for k in [full_key(key, n_grid=grid) for grid in FULL_N_GRIDS] + [quick_key(key)]:
+        cached = _read_cached(profile_path(k, cache_dir), k)
+        if cached is not None:
+            if progress:
+                print(f"profile: using the cached profile {profile_path(k, cache_dir)}"
+                      + (" (a quick estimate)" if cached.quick else ""), file=sys.stderr, flush=True)
+            return cached
+    k = quick_key(key)
+    profile = _quick.estimate_profile(target, draft_model, k, progress=progress)
+    path = profile_path(k, cache_dir)
+    _write(path, profile)
+    if progress:
+        print(f"profile: measured this device in {profile.measure_s:.1f} s (a quick estimate, "
+              f"{_quick.describe(profile, target)}; corrected by the real passes as they run; "
+              f"`lever profile` measures in full), saved to {path}", file=sys.stderr, flush=True)
     return profile

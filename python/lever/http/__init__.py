@@ -2,6 +2,8 @@
 (lever.remote.server) and `lever serve` (lever.serve.app).
 
 - `error`: `HttpError` (no aiohttp: the edge-cloud protocol builds on it);
+- `json_body`: request bodies parsed, and every string in them checked to be
+  valid Unicode (the field at fault named), for both servers' 400s;
 - `connections`: `ConnectionGuard`, the connection limits below aiohttp;
 - `common`: bearer tokens, bounded body reads, the guard middleware, the
   guarded TCP site and running it on a thread or until interrupted;

@@ -85,22 +85,26 @@ class MemoryPlan:
     target_scratch_bytes: int
     margin_bytes: int
     margin_rule: str = "given"
+    kv_tokens: int | None = None       # tokens the KV caches are sized for (named in the error), if known
 
     @classmethod
     def build(cls, limit, draft_weight_bytes: int = 0, draft_kv_bytes: int = 0,
               target_minimum: dict[str, int] | None = None, target_scratch_bytes: int = 0,
-              margin_bytes: int | None = None, baseline_bytes: int | None = None) -> "MemoryPlan":
+              margin_bytes: int | None = None, baseline_bytes: int | None = None,
+              kv_tokens: int | None = None) -> "MemoryPlan":
         """A checked plan. `limit`: bytes or a size text ('1.5GiB', '900MB').
         `target_minimum`: the store's minimum by part (`store_minimum`), or for
         a fully resident target its weights + KV. `baseline_bytes`: default this
-        process's RSS now. Raises MemoryLimitError when the parts exceed the limit."""
+        process's RSS now. `kv_tokens`: the tokens the KV caches hold, for the
+        error's hint. Raises MemoryLimitError when the parts exceed the limit."""
         limit_bytes = parse_size(limit)
         plan = cls(limit_bytes,
                    rss.current_rss() if baseline_bytes is None else int(baseline_bytes),
                    int(draft_weight_bytes), int(draft_kv_bytes), dict(target_minimum or {}),
                    int(target_scratch_bytes),
                    default_margin(limit_bytes) if margin_bytes is None else int(margin_bytes),
-                   _MARGIN_RULE if margin_bytes is None else "given")
+                   _MARGIN_RULE if margin_bytes is None else "given",
+                   None if kv_tokens is None else int(kv_tokens))
         plan.check()
         return plan
 
@@ -139,7 +143,21 @@ class MemoryPlan:
             f"runtime baseline {fmt_bytes(self.baseline_bytes)}, draft weights {fmt_bytes(self.draft_weight_bytes)}, "
             f"draft KV {fmt_bytes(self.draft_kv_bytes)}, target minimum "
             f"{fmt_bytes(sum(self.target_minimum.values()))} ({target or 'nothing'}), "
-            f"target scratch {fmt_bytes(self.target_scratch_bytes)}, margin {fmt_bytes(self.margin_bytes)}")
+            f"target scratch {fmt_bytes(self.target_scratch_bytes)}, margin {fmt_bytes(self.margin_bytes)}"
+            f"{self.context_hint()}")
+
+    def context_hint(self) -> str:
+        """'; ... --context N ...': how to lower the KV part of the minimum (the
+        bytes the KV caches reserve now), or '' when this plan holds no KV cache."""
+        target_kv = self.target_minimum.get("kv_cache", 0)
+        kv = target_kv + self.draft_kv_bytes
+        if kv <= 0:
+            return ""
+        tokens = f" for {self.kv_tokens:,} tokens" if self.kv_tokens else ""
+        split = (f" (target {fmt_bytes(target_kv)}, draft {fmt_bytes(self.draft_kv_bytes)})"
+                 if target_kv and self.draft_kv_bytes else "")
+        return (f"; the KV caches reserve {fmt_bytes(kv)}{tokens}{split}: `--context N` (lever generate, "
+                f"lever serve) sizes them for N tokens of prompt and output")
 
     def plan_store(self, manifest, **residency):
         """`plan_residency(manifest, store budget, **residency)`; pass the same

@@ -81,7 +81,8 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
         minimum = {"weights": weights, "kv_cache": kv_bytes(cfg, kv_tokens, dbytes)}
     scratch = pass_scratch_bytes(cfg, tree_rows, tree_rows if sampling else 0) + draft_scratch
     plan = MemoryPlan.build(limit, draft_weight_bytes=draft_weights, draft_kv_bytes=draft_kv,
-                            target_minimum=minimum, target_scratch_bytes=scratch, baseline_bytes=baseline)
+                            target_minimum=minimum, target_scratch_bytes=scratch, baseline_bytes=baseline,
+                            kv_tokens=kv_tokens)
     return plan, (plan.store_budget_bytes if target_store is not None else None)
 
 

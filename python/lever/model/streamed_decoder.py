@@ -110,6 +110,11 @@ class StreamedWeights:
 
     # -- extents ------------------------------------------------------------------
 
+    def pinned_extent(self, name: str) -> np.ndarray | None:
+        """The bytes of extent `name` held in DRAM when the plan pins it, else None
+        (a quick profile runs a pinned layer without reading it, lever.cost.quick)."""
+        return self._pinned.get(name)
+
     def _read_whole(self, e: Extent) -> np.ndarray:
         buf = aligned_empty(e.length)
         self.reader.read(e.offset, e.length, buf, list(e.chunk_crc32c), e.name)

@@ -38,7 +38,7 @@ def require_torch(what: str):
     try:
         import torch
     except ImportError:
-        raise LeverError(f"torch is needed for {what}: pip install 'lever[torch]'") from None
+        raise LeverError(f"torch is needed for {what}: pip install 'lever-llm[torch]'") from None
     return torch
 
 

@@ -43,8 +43,9 @@ MASKED = float(_native.BucketPlanner.MASKED)
 _SIZE = re.compile(r"[0-9]+")
 
 
-def _sizes(values: Iterable[Any], what: str) -> tuple[int, ...]:
-    """Positive ints, sorted and de-duplicated; LeverError naming `what` otherwise."""
+def _sizes(values: Iterable[Any], what: str, limit: int | None = None) -> tuple[int, ...]:
+    """Positive ints (at most `limit`, when given), sorted and de-duplicated;
+    LeverError naming `what` otherwise."""
     out = set()
     for v in values:
         try:
@@ -53,18 +54,20 @@ def _sizes(values: Iterable[Any], what: str) -> tuple[int, ...]:
             n = None
         if isinstance(v, bool) or n is None or n < 1:
             raise LeverError(f"{what} must be positive integers (tokens), got {v!r}")
+        if limit is not None and n > limit:
+            raise LeverError(f"{what} must be at most {limit:,} tokens, got {n:,}")
         out.add(n)
     if not out:
         raise LeverError(f"{what} are empty: give at least one size")
     return tuple(sorted(out))
 
 
-def parse_buckets(text: str | Iterable[int], what: str = "bucket sizes") -> tuple[int, ...]:
+def parse_buckets(text: str | Iterable[int], what: str = "bucket sizes", limit: int | None = None) -> tuple[int, ...]:
     """'1,8,16' -> (1, 8, 16): comma-separated positive integers (tokens), sorted
     and de-duplicated. A sequence of ints is checked the same way. LeverError for
-    anything else (empty text, a non-integer, a size < 1)."""
+    anything else (empty text, a non-integer, a size < 1 or, when given, > `limit`)."""
     if not isinstance(text, str):
-        return _sizes(text, what)
+        return _sizes(text, what, limit)
     if not text.strip():
         raise LeverError(f"no {what} given (example: 1,8,16,32)")
     parts = [p.strip() for p in text.split(",")]
@@ -75,7 +78,7 @@ def parse_buckets(text: str | Iterable[int], what: str = "bucket sizes") -> tupl
             shown = "an empty entry" if p == "" else repr(p)
             raise LeverError(f"cannot read the {what} {text!r}: {shown} is not a positive integer "
                              f"(example: 1,8,16,32)")
-    return _sizes((int(p) for p in parts), what)
+    return _sizes((int(p) for p in parts), what, limit)
 
 
 class BucketSet:

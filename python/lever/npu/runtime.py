@@ -35,7 +35,7 @@ SOCS = {"57": ("SM8650 (Snapdragon 8 Gen 3)", "75"),
         "43": ("SM8550 (Snapdragon 8 Gen 2)", "73"),
         "69": ("SM8750 (Snapdragon 8 Elite)", "79")}
 DEFAULT_SOC = "57"
-INSTALL_HINT = "pip install 'lever[npu]'"
+INSTALL_HINT = "pip install 'lever-llm[npu]'"
 
 
 class NpuError(LeverError):

@@ -9,13 +9,13 @@ import os
 
 import numpy as np
 
+from ..plotting import pyplot
+
 
 def plot_probe_report(report: dict, path: str | os.PathLike, title: str = "") -> None:
     """Write the three panels to `path` (PNG, matplotlib's Agg backend) from
     `lever.probe.evaluate.evaluate`'s report (its "sweeps")."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("the probe report's chart")
 
     fig, (ax_r, ax_p, ax_t) = plt.subplots(1, 3, figsize=(14, 4.2))
     for name, s in report["sweeps"].items():

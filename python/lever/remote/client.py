@@ -267,14 +267,19 @@ class JsonHttp:
                  retry_deadline_s: float = 30.0, backoff_s: float = 0.05, max_backoff_s: float = 2.0,
                  tls_ca: str | None = None, envelope: dict | None = None):
         parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise LeverError(f"--remote {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        try:
+            port = parsed.port                  # ValueError: not a number, or beyond 65535
+        except ValueError:
+            port = 0
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or port == 0:
+            raise LeverError(f"--remote {url!r}: expected http://HOST:PORT or https://HOST:PORT "
+                             f"(a port from 1 to 65535)")
         if tls_ca is not None and parsed.scheme != "https":
             raise LeverError(f"--tls-ca {tls_ca}: the verifier URL {url} is not https://")
         self.url, self.stats, self.token = url, stats, token
         self._https = parsed.scheme == "https"
         self._tls = client_context(tls_ca) if self._https else None
-        self._host, self._port = parsed.hostname, parsed.port or (443 if self._https else 80)
+        self._host, self._port = parsed.hostname, port or (443 if self._https else 80)
         self.timeout_s, self.retry_deadline_s = timeout_s, retry_deadline_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.envelope = dict(envelope or {})

@@ -6,7 +6,7 @@ dequantised to `dtype`).
     python -m lever.remote.hf_export MODEL OUT_DIR [--dtype float32]
 
 MODEL is a registered name (e.g. qwen2.5-coder-0.5b) or a .gguf path.  Needs
-torch and transformers (`pip install 'lever[test]'`): a tool, never imported
+torch and transformers (`pip install 'lever-llm[test]'`): a tool, never imported
 on the run path.
 """
 
@@ -33,7 +33,7 @@ def export_hf(model: str, out_dir: str | Path, dtype: str = "float32") -> Path:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
         raise LeverError(f"exporting to a Hugging Face directory needs torch and transformers "
-                         f"(pip install 'lever[test]'): {e}") from None
+                         f"(pip install 'lever-llm[test]'): {e}") from None
     gguf = Path(model) if model.endswith(".gguf") else Path(resolve_model(model))
     if not gguf.is_file():
         raise LeverError(f"{gguf}: no such GGUF file")

@@ -28,7 +28,7 @@ far as the chunking of the traffic is.
 Buffering: chunks waiting out their delay are held in memory without a bound,
 which is fine for the request/response sizes of tests and benchmarks.
 
-Command line (runs until Ctrl-C):
+Command line (runs until Ctrl-C or SIGTERM, then closes at once):
 
     python -m lever.remote.netem --upstream http://127.0.0.1:8000 \\
         --listen-port 8001 --rtt-ms 20 --loss 0.01
@@ -41,6 +41,7 @@ import asyncio
 import math
 import numbers
 import random
+import signal
 import socket
 import struct
 import threading
@@ -390,6 +391,22 @@ def parse_upstream(url: str) -> tuple:
     return parts.hostname, parts.port or 80
 
 
+MAX_RTT_MS = 60_000.0          # milliseconds: the longest round trip the proxy emulates
+
+
+def _bounded(kind, lo, hi, what: str):
+    """An argparse type: a finite `kind` (int or float) from lo to hi, else one line naming the range."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected {what} from {lo:g} to {hi:g}, got {text!r}")
+        return value
+    return parse
+
+
 def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lever.remote.netem",
@@ -398,13 +415,14 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--upstream", required=True,
                         help="server to forward to, e.g. http://127.0.0.1:8000")
     parser.add_argument("--listen-host", default="127.0.0.1", help="default: 127.0.0.1")
-    parser.add_argument("--listen-port", type=int, default=0,
+    parser.add_argument("--listen-port", type=_bounded(int, 0, 65535, "a port"), default=0,
                         help="default: 0 (any free port)")
-    parser.add_argument("--rtt-ms", type=float, default=0.0,
+    parser.add_argument("--rtt-ms", type=_bounded(float, 0.0, MAX_RTT_MS, "milliseconds"), default=0.0,
                         help="round-trip time to add, in milliseconds (default: 0)")
-    parser.add_argument("--loss", type=float, default=0.0,
+    parser.add_argument("--loss", type=_bounded(float, 0.0, 0.99, "a probability"), default=0.0,
                         help="probability of dropping each message, 0 <= loss < 1 (default: 0)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the loss draws")
+    parser.add_argument("--seed", type=_bounded(int, 0, 2**63 - 1, "a seed"), default=0,
+                        help="seed for the loss draws")
     args = parser.parse_args(argv)
     try:
         host, port = parse_upstream(args.upstream)
@@ -413,18 +431,29 @@ def main(argv: Optional[list] = None) -> int:
                           listen_port=args.listen_port)
     except ValueError as error:
         parser.error(str(error))
+    # Ctrl-C / SIGTERM are blocked before the proxy's thread starts (it inherits the mask) and
+    # then waited for: one that comes early stays pending instead of interrupting the set-up,
+    # and the stop is the same whenever it comes (close the listener, reset open links, join).
+    stop_signals = {signal.SIGINT, signal.SIGTERM}
+    waits = hasattr(signal, "sigwait")
+    if waits:
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     try:
-        proxy.start()
-    except OSError as error:
-        parser.exit(1, f"netem: cannot listen on {args.listen_host}:{args.listen_port}: "
-                       f"{error}\n")
-    print(f"netem: listening on {proxy.url} -> {args.upstream} "
-          f"(rtt {args.rtt_ms:g} ms, loss {args.loss:g}); Ctrl-C to stop", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+        try:
+            proxy.start()
+        except OSError as error:
+            parser.exit(1, f"netem: cannot listen on {args.listen_host}:{args.listen_port}: "
+                           f"{error}\n")
+        print(f"netem: listening on {proxy.url} -> {args.upstream} "
+              f"(rtt {args.rtt_ms:g} ms, loss {args.loss:g}); Ctrl-C to stop", flush=True)
+        if waits:
+            signal.sigwait(stop_signals)
+        else:                                   # no sigwait (not POSIX): Ctrl-C as an exception
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
     finally:
         proxy.close()
     return 0

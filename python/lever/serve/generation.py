@@ -1,7 +1,8 @@
 """One request's generation on the engine thread of `lever serve`.
 
-`Generator.run(req, job)` decodes with `lever.engine.speculative_generate`
--- the decode loop `lever generate` runs -- in the server's mode (ar: the
+`Generator.run(req, job)` decodes with the run's `speculate`
+(lever.runtime.Run.speculate: lever.engine.run_speculative over the
+run's target verifier -- the decode loop `lever generate` runs -- in the server's mode (ar: the
 target alone, chain, tree or lever), streams text to the job as it
 is produced, and returns an `Outcome`.  Text is decoded as `lever generate`
 decodes it (lever.model.tokenizer.IncrementalDecoder, special tokens
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..engine import SpecConfig, speculative_generate, tree_room
+from ..engine import SpecConfig, tree_room
 from ..errors import LeverError
 from ..model.streamed_decoder import StreamedDecoder
 from ..model.tokenizer import IncrementalDecoder
@@ -56,22 +57,29 @@ class Generator:
     (None in mode ar) under `spec_for(params)`, the lever.engine.SpecConfig
     of a request's sampling (lever.serve.specs).  draft: the --draft value,
     for the report; counters: the engine's counters, written on the engine
-    thread."""
+    thread; speculate: decodes one request's token ids
+    (lever.runtime.Run.speculate); kv_limit: the KV rows --context reserves
+    (None: the model's context, or a streamed target's planned rows)."""
 
     def __init__(self, loaded, drafter, spec_for: Callable[[SamplingParams], SpecConfig], draft: str | None,
-                 counters: EngineCounters):
+                 counters: EngineCounters, speculate: Callable, kv_limit: int | None = None):
         self.loaded, self.drafter, self.spec_for, self.draft = loaded, drafter, spec_for, draft
+        self.speculate, self.kv_limit = speculate, kv_limit
         self.counters = counters
         self.flash = isinstance(loaded.model, StreamedDecoder)     # the target streams from flash
         first = spec_for(SamplingParams())                    # mode lever: the greedy policy made (and profiled) now
         self.mode, self.tree_room = first.mode, tree_room(loaded.model, first)[0]
+        self.tree_rows = first.max_tree_nodes + 1 if first.mode != "ar" else 0
 
     @property
     def context(self) -> int:
         """Tokens a request may use, prompt and completion: the model's context
         (a streamed target's: the KV rows its DRAM budget holds) less the room
         a draft tree needs past the last token."""
-        return min(self.loaded.config.max_context, getattr(self.loaded.model, "kv_tokens", 1 << 62)) - self.tree_room
+        context = min(self.loaded.config.max_context, getattr(self.loaded.model, "kv_tokens", 1 << 62)) - self.tree_room
+        if self.kv_limit is not None:             # --context N: N KV rows, a whole tree's rows included
+            context = min(context, self.kv_limit - self.tree_rows)
+        return context
 
     def run(self, req: GenRequest, job: Job) -> Outcome:
         """Generate `req` (on the engine thread), posting Deltas to `job` when
@@ -100,9 +108,8 @@ class Generator:
         result = stats = None
         spec = self.spec_for(req.params)
         try:
-            result, stats = speculative_generate(self.loaded.model, self.drafter, req.prompt_ids, req.max_tokens,
-                                                 req.params, spec, stop_ids=tokenizer.eos_token_ids,
-                                                 on_token=on_token)
+            result, stats = self.speculate(req.prompt_ids, req.max_tokens, req.params, spec,
+                                           stop_ids=tokenizer.eos_token_ids, on_token=on_token)
             tail = scanner.push(decoder.flush())
             send(tail + scanner.flush())
             finish = "stop" if result.stop_reason == "eos" or scanner.stopped else "length"

@@ -10,9 +10,13 @@ make sense for one local model -- model, messages / prompt, max_tokens
 stream_options, n (1 only) -- plus the extensions top_k and
 return_token_ids (each choice, or chunk, then carries the generated ids).
 `null` means "absent"; an unknown field, a wrong type or a value out of
-range is refused (400 malformed / wrong type, 422 out of range or too long
-for the context, 404 unknown model) with OpenAI's error body
-{"error": {"message", "type", "code", "param"}}.
+range is refused (400 malformed / wrong type / text that is not valid
+Unicode anywhere, 422 out of range or too long for the context) with OpenAI's
+error body
+{"error": {"message", "type", "code", "param"}}.  A `model` other than the
+served one is not refused: the server answers with its own model, as
+llama.cpp's server does (`GenRequest.requested_model` keeps the name asked
+for, which the application logs once per name).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Callable
 
 from ..errors import LeverError
 from ..http.error import HttpError
+from ..http.json_body import invalid_text, parse_json, shown_path
 from ..sampling import MAX_SEED, SamplingParams
 
 MAX_STOP_STRINGS = 4            # as OpenAI
@@ -92,14 +97,17 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
-    model: str = ""
+    model: str = ""                 # the served model's name: the responses' `model`
+    requested_model: str | None = None   # the `model` the request named when it is not the served one
 
 
 def decode_json(raw: bytes) -> dict:
-    """A request body: a JSON object, else a 400."""
+    """A request body: a JSON object, else a 400.  Bytes that are not UTF-8
+    inside a string are kept, as lone surrogates, for `parse_chat` /
+    `parse_completion` to refuse naming the field (lever.http.json_body)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        body = parse_json(raw)
+    except (ValueError, RecursionError) as e:           # UnicodeDecodeError is a ValueError
         raise OpenAIError(400, "invalid_json", f"the body is not JSON ({type(e).__name__}: {e})"[:300]) from None
     if not isinstance(body, dict):
         raise OpenAIError(400, "invalid_json", "the body must be a JSON object")
@@ -111,7 +119,14 @@ def bad(param: str, message: str, status: int = 400, code: str = "invalid_value"
 
 
 def _present(body: dict) -> dict:
-    """The fields of `body` that are not null (null means absent, as in OpenAI's API)."""
+    """The fields of `body` that are not null (null means absent, as in OpenAI's API),
+    once every string in it, field names too, is known to be valid Unicode text
+    (an unpaired surrogate anywhere is a 400 naming its field, before anything
+    reaches the tokenizer)."""
+    invalid = invalid_text(body)
+    if invalid is not None:
+        path, reason = invalid
+        raise OpenAIError(400, "invalid_text", f"{shown_path(path)}: {reason}", shown_path(path))
     return {k: v for k, v in body.items() if v is not None}
 
 
@@ -208,14 +223,13 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, _boolean(options, "include_usage")
 
 
-def _model(body: dict, served: ServedModel) -> str:
+def _requested_model(body: dict, served: ServedModel) -> str | None:
+    """The `model` the request names when it is not the served one (None: the
+    served one, or none named); it is served by the served model all the same."""
     name = body.get("model", served.name)
     if not isinstance(name, str):
         raise bad("model", f"must be a string, got {show(name)}", code="invalid_type")
-    if name != served.name:
-        raise OpenAIError(404, "model_not_found", f"the model {show(name)} does not exist; this server serves "
-                                                  f"{served.name!r} (see /v1/models)", "model")
-    return name
+    return None if name == served.name else name
 
 
 def _common(kind: str, body: dict, served: ServedModel, prompt_ids: list[int], max_tokens: int | None) -> GenRequest:
@@ -238,7 +252,8 @@ def _common(kind: str, body: dict, served: ServedModel, prompt_ids: list[int], m
                                                           f"{served.context} tokens", "max_tokens")
     return GenRequest(kind=kind, prompt_ids=prompt_ids, max_tokens=max_tokens, params=_sampling(body, served),
                       stop=_stop(body), stream=stream, include_usage=include_usage,
-                      return_token_ids=_boolean(body, "return_token_ids"), model=_model(body, served))
+                      return_token_ids=_boolean(body, "return_token_ids"), model=served.name,
+                      requested_model=_requested_model(body, served))
 
 
 def _max_tokens(body: dict, served: ServedModel, *names: str) -> int | None:

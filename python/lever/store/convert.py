@@ -165,10 +165,13 @@ def convert(model: str, out_dir: str | os.PathLike, storage: str = "source", for
         raise StoreError(f"{src}: converting a checkpoint directory is not supported; give a GGUF file")
     g = GGUFFile(src)
     cfg = config_from_gguf(g)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise StoreError(f"cannot create the output directory {out}: {e.strerror or e}") from None
     try:
         _write_store(g, cfg, storage, weight_layout, tmp, progress)
         if out.exists():
@@ -178,8 +181,10 @@ def convert(model: str, out_dir: str | os.PathLike, storage: str = "source", for
             shutil.rmtree(old)
         else:
             tmp.rename(out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):          # a full disk, a vanished directory: one line naming the store
+            raise StoreError(f"cannot write the store {out}: {e.strerror or e}") from None
         raise
     return out
 

@@ -46,10 +46,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import StoreError
+from ..files import file_kind
 from ..model_config import ModelConfig, checked_config
 from . import validate
 from .manifest_json import CHECKSUM_FIELD, Fields, digest, parse_json
@@ -250,14 +252,33 @@ def _from_json(raw: dict, path: Path, version: int) -> StoreManifest:
         if len(value) != 64 or value.strip("0123456789abcdef"):
             top.fail("must be 64 lowercase hex digits", key)
     config = checked_config(top.sub("config").obj, f"{path}: config", StoreError)
-    source = top.get("source")
-    if type(source) is not dict:
-        top.fail("must be an object", "source")
+    source = _source(top.sub("source"))
     return StoreManifest(config=config, storage=top.str("storage"), weights_bytes=top.int("weights_bytes"),
                          extents=[_extent(e, f"extents[{i}]", path) for i, e in enumerate(top.list("extents"))],
                          source=source, chunk_bytes=top.int("chunk_bytes", 1), alignment=top.int("alignment", 1),
                          format_version=version, tokenizer_sha256=top.str("tokenizer_sha256"),
                          weight_layout=top.str("weight_layout") if version >= 3 else "gguf")
+
+
+def _source(f: Fields) -> dict:
+    """The `source` record (the GGUF the store was converted from, kept for
+    looking up shipped tables by its SHA-256).  Its `path`, when given, must be
+    a string naming a regular file or nothing that exists any more (the GGUF
+    may have been deleted): never a device, FIFO or directory, which a reader
+    of the source would block on or read without end."""
+    if "path" in f.obj:
+        source_path = f.str("path")
+        try:
+            mode = os.stat(source_path).st_mode
+        except (OSError, ValueError):        # gone (or unnamable: a NUL byte): not read, nothing to refuse
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            f.fail(f"{_short(source_path)} is {file_kind(mode)}, not a GGUF file", "path")
+    return f.obj
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:77] + "...")
 
 
 def _extent(obj, where: str, path: Path) -> Extent:

@@ -173,7 +173,8 @@ def plan_residency(m: StoreManifest, budget: int, dtype_bytes: int = 2, kv_token
         raise DramBudgetError(
             f"DRAM budget {fmt_bytes(budget)} is below this store's minimum of {fmt_bytes(minimum)} "
             f"({parts}, {floor} read buffers {fmt_bytes(minimum - base)}; "
-            f"KV cache sized for {kv_tokens} tokens)")
+            f"KV cache sized for {kv_tokens:,} tokens: `--context N` (lever generate, lever serve) sizes it "
+            f"for N tokens of prompt and output)")
     pinned: list[Extent] = []
     for i, e in enumerate(order):
         rest = order[i + 1:]

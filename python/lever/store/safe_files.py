@@ -29,7 +29,12 @@ def store_file(directory: Path, name: str) -> Path:
     except OSError as e:
         raise StoreError(f"{path}: cannot inspect ({e.strerror})") from None
     if stat.S_ISLNK(st.st_mode):
-        target = path.resolve()
+        try:
+            target = path.resolve()
+        except (OSError, RuntimeError) as e:        # a symbolic link loop (RuntimeError before Python 3.13)
+            reason = getattr(e, "strerror", None) or "a loop"
+            raise StoreError(f"{path}: a symbolic link that cannot be resolved ({reason}); store files must be "
+                             f"regular files inside the store") from None
         if directory.resolve() not in target.parents:
             raise StoreError(f"{path}: a symbolic link out of the store directory (to {target}); "
                              f"store files must lie inside the store")

@@ -26,25 +26,23 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import TargetConfig
-from ..cost.identity import model_identity
-from ..cost.measure import forward_seconds
-from ..draft.base import TreeShape
-from ..draft.gain_cost import GainCostPolicy
-from ..draft.model_drafter import ModelDrafter
-from ..engine import SpecConfig
-from ..errors import LeverError
-from ..loaded import Completion, LoadedModel
-from ..mode_lever import (DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES, DEFAULT_TOPK, calibrated_policy, sampling_key,
+from .config import DecodeConfig, RemoteConfig, TargetConfig
+from .cost.identity import model_identity
+from .cost.measure import forward_seconds
+from .draft.base import TreeShape
+from .draft.gain_cost import GainCostPolicy
+from .draft.model_drafter import ModelDrafter
+from .engine import SpecConfig
+from .errors import LeverError
+from .loaded import Completion, LoadedModel
+from .mode_lever import (DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES, DEFAULT_TOPK, calibrated_policy, sampling_key,
                           save_calibration)
-from ..runtime import load_in_memory
-from ..sampling import SamplingParams
-from ..values import cache_root
-from .client import RemoteVerifier
-from .cost import RemoteCost
-from .vllm_verifier import TOKENIZER_PROBE, VllmVerifier
-
-ENGINES = ("lever", "vllm")
+from .runtime import connect, load_in_memory
+from .sampling import SamplingParams
+from .values import cache_root
+from .remote.client import RemoteVerifier
+from .remote.cost import RemoteCost
+from .remote.vllm_verifier import TOKENIZER_PROBE, VllmVerifier
 
 DRAFT_GRID = [1, 2, 4, 8, 16, 32, 64]       # draft forward sizes measured for mode lever
 
@@ -78,24 +76,17 @@ class RemoteTarget:
                  retry_deadline_s: float = 30.0, call_cost_s: float = 0.0, cache_dir=None, progress: bool = True,
                  tls_ca: str | None = None, timeout_s: float = 120.0, draft_ahead: bool = False,
                  engine: str = "lever", remote_model: str | None = None, branches: int = 1):
-        if engine not in ENGINES:
-            raise LeverError(f"unknown remote engine {engine!r} (choose from {', '.join(ENGINES)})")
-        if engine == "lever" and (remote_model is not None or branches != 1):
-            raise LeverError("--remote-model and --vllm-branches apply to --remote-engine vllm only")
-        self.engine, self.remote_model, self.branches = engine, remote_model, branches
+        self.remote = RemoteConfig(url, engine=engine, model=remote_model, branches=branches, token=token,
+                                   tls_ca=tls_ca, timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
+                                   call_cost_s=call_cost_s)
         self.draft = draft if isinstance(draft, LoadedModel) else \
             load_in_memory(TargetConfig(model=draft), cache_dir, progress=progress)
-        self.url, self.token, self.retry_deadline_s = url, token, retry_deadline_s
-        self.tls_ca, self.timeout_s = tls_ca, timeout_s
         self.spec_args = dict(mode=mode, draft_len=draft_len, tree=tree, draft_ahead=draft_ahead)
         self.max_nodes, self.max_depth, self.topk = max_nodes, max_depth, topk
-        if not call_cost_s >= 0:
-            raise LeverError(f"the cost of a target call must be >= 0 seconds, got {call_cost_s}")
-        self.call_cost_s = call_cost_s
         self.cache_dir, self.progress = cache_dir, progress
         probe = self._connect(SamplingParams())
         self.info = probe.info
-        if engine == "vllm":
+        if self.remote.engine == "vllm":
             probe.check_tokenizer(self.draft.tokenizer)
             if mode == "lever":
                 self.topk = 1                     # only a path is verified: grow chains
@@ -110,16 +101,23 @@ class RemoteTarget:
         self.policy: GainCostPolicy | None = None
         self._policy_sampling = None
         # vLLM's cost curve is measured round trips: the network is inside it
-        self.network_s = (0.0 if engine == "vllm" else probe.ping_s()) if mode == "lever" else None
+        self.network_s = (0.0 if self.remote.engine == "vllm" else probe.ping_s()) if mode == "lever" else None
         probe.close()
 
+    @classmethod
+    def from_config(cls, remote: RemoteConfig, decode: DecodeConfig, draft: str | LoadedModel, *,
+                    cache_dir=None, progress: bool = True) -> RemoteTarget:
+        """The edge client of a typed configuration (`lever generate --remote`):
+        the server of `remote`, the mode, trees and drafting ahead of `decode`."""
+        return cls(remote.url, draft=draft, token=remote.token, mode=decode.mode, draft_len=decode.draft_len,
+                   tree=decode.tree, max_nodes=decode.lever_max_nodes, max_depth=decode.lever_max_depth,
+                   topk=decode.lever_topk, retry_deadline_s=remote.retry_deadline_s, call_cost_s=remote.call_cost_s,
+                   cache_dir=cache_dir, progress=progress, tls_ca=remote.tls_ca, timeout_s=remote.timeout_s,
+                   draft_ahead=decode.draft_ahead, engine=remote.engine, remote_model=remote.model,
+                   branches=remote.branches)
+
     def _connect(self, params: SamplingParams) -> RemoteVerifier | VllmVerifier:
-        if self.engine == "vllm":
-            return VllmVerifier(self.url, params, vocab_size=self.draft.config.vocab_size, model=self.remote_model,
-                                branches=self.branches, token=self.token, retry_deadline_s=self.retry_deadline_s,
-                                timeout_s=self.timeout_s, tls_ca=self.tls_ca)
-        return RemoteVerifier(self.url, params, token=self.token, retry_deadline_s=self.retry_deadline_s,
-                              timeout_s=self.timeout_s, tls_ca=self.tls_ca)
+        return connect(self.remote, params, vocab_size=self.draft.config.vocab_size)
 
     def _lever_policy(self, params: SamplingParams, verifier: RemoteVerifier) -> GainCostPolicy:
         """The gain-cost policy with this link's cost, kept across generations
@@ -131,7 +129,7 @@ class RemoteTarget:
                 self._draft_curve = forward_seconds(self.draft.model, DRAFT_GRID, ctx=128, repeats=3,
                                                     rng=np.random.default_rng(0), say=say)
             cost = RemoteCost(self.info.get("verify_cost") or {}, DRAFT_GRID, self._draft_curve, self.network_s,
-                              call_cost_s=self.call_cost_s)
+                              call_cost_s=self.remote.call_cost_s)
             max_nodes = min(self.max_nodes, verifier.max_tree_nodes - 1)
             path = remote_calibration_path(self.info, self.draft.path, params, self.cache_dir)
             self.policy = calibrated_policy(cost, path, max_nodes=max_nodes, max_depth=self.max_depth,
