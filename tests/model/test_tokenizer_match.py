@@ -112,19 +112,40 @@ def mismatch(target: str, draft: str, instead: str = "") -> str:
 
 
 KEEP_WITH_Q15 = f", or keep this draft with the target {Q15} (the draft's tokenizer)"
-MISMATCHES = {
-    (Q05, SMOL): mismatch(Q05, SMOL),
-    (Q15, SMOL): mismatch(Q15, SMOL, f" or --draft {Q05} (the target's tokenizer)"),
-    (SMOL, Q05): mismatch(SMOL, Q05, KEEP_WITH_Q15),
-    (SMOL, Q15): mismatch(SMOL, Q15),
+
+
+def keep_with_q15(cache: str) -> str:
+    """The suggestion of the 1.5B target, made only where it is assembled in `cache`
+    (the 1.5B model is installed for `-m slow` runs only)."""
+    from lever.gguf.registry import KNOWN_MODELS, model_status
+    return KEEP_WITH_Q15 if model_status(KNOWN_MODELS[Q15], cache).assembled else ""
+MISMATCHES = {          # (target, draft) -> the error line, given the cache
+    (Q05, SMOL): lambda cache: mismatch(Q05, SMOL),
+    (Q15, SMOL): lambda cache: mismatch(Q15, SMOL, f" or --draft {Q05} (the target's tokenizer)"),
+    (SMOL, Q05): lambda cache: mismatch(SMOL, Q05, keep_with_q15(cache)),
+    (SMOL, Q15): lambda cache: mismatch(SMOL, Q15),
 }
 PAIRS = [(t, d) for t in MODELS for d in MODELS]
 
 
+def pair_params(pairs):
+    """Pairs as parameters; those with the 1.5B model are `slow` (its 22 parts are not in the test extra)."""
+    return [pytest.param(t, d, id=f"{t}-{d}", marks=[pytest.mark.slow] if Q15 in (t, d) else [])
+            for t, d in pairs]
+
+
 @pytest.fixture(scope="module")
-def installed(smollm2_path, qwen05_path, qwen15_path, lever_cache):
-    """The cache holding all three registered models (so the suggestions are the same everywhere)."""
+def installed(smollm2_path, qwen05_path, lever_cache):
+    """The cache holding the registered models the default run installs (SmolLM2, the 0.5B)."""
     return str(lever_cache)
+
+
+@pytest.fixture
+def pair_installed(installed, request, target, draft):
+    """`installed`, with the 1.5B model assembled too when the pair names it."""
+    if Q15 in (target, draft):
+        request.getfixturevalue("qwen15_path")
+    return installed
 
 
 def test_pairs_cover_the_registry():
@@ -134,8 +155,8 @@ def test_pairs_cover_the_registry():
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("target,draft", sorted(MISMATCHES), ids=lambda n: n)
-def test_differing_pair_is_one_line_before_loading(installed, capsys, monkeypatch, target, draft):
+@pytest.mark.parametrize("target,draft", pair_params(sorted(MISMATCHES)))
+def test_differing_pair_is_one_line_before_loading(pair_installed, capsys, monkeypatch, target, draft):
     """The error comes from the headers: loading a model at all would fail the test."""
     import lever.runtime as runtime
 
@@ -144,15 +165,16 @@ def test_differing_pair_is_one_line_before_loading(installed, capsys, monkeypatc
     monkeypatch.setattr(runtime, "load_model", no_load)
     monkeypatch.setattr(runtime, "load_in_memory", no_load)
     rc = main(["generate", "--model", target, "--draft", draft, "--prompt", "hi", "--max-new-tokens", "2",
-               "--cache-dir", installed])
+               "--cache-dir", pair_installed])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
-    assert err.strip().splitlines() == [MISMATCHES[target, draft]]
+    assert err.strip().splitlines() == [MISMATCHES[target, draft](pair_installed)]
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("target,draft", [p for p in PAIRS if p not in MISMATCHES], ids=lambda n: n)
-def test_equal_pair_passes_the_check(installed, target, draft):
+@pytest.mark.parametrize("target,draft", pair_params([p for p in PAIRS if p not in MISMATCHES]))
+def test_equal_pair_passes_the_check(pair_installed, target, draft):
+    installed = pair_installed
     config = RunConfig(TargetConfig(model=target), DraftConfig(name=draft), cache_dir=installed, progress=False)
     target_gguf, draft_gguf = check_run_tokenizers(config, None)
     assert target_gguf is not None and draft_gguf is not None      # parsed once, handed to the loaders
@@ -190,7 +212,7 @@ def test_store_target_is_compared_with_its_tokenizer_metadata(installed, smol_st
     rc = main(["generate", "--target-store", str(smol_store), "--draft", Q05, "--prompt", "hi",
                "--max-new-tokens", "2", "--cache-dir", installed])
     err = capsys.readouterr().err
-    assert rc == 2 and err.strip().splitlines() == [mismatch(str(smol_store), Q05, KEEP_WITH_Q15)]
+    assert rc == 2 and err.strip().splitlines() == [mismatch(str(smol_store), Q05, keep_with_q15(installed))]
     config = RunConfig(TargetConfig(store=smol_store), DraftConfig(name=SMOL), cache_dir=installed, progress=False)
     check_run_tokenizers(config, store_tokenizer(smol_store, installed))
 
@@ -204,7 +226,7 @@ def test_api_drafter_with_another_tokenizer(installed, monkeypatch):
     drafter = make_drafter(Q05, progress=False)
     with pytest.raises(LeverError) as e:
         smol.generate("hi", max_new_tokens=2, drafter=drafter, spec=SpecConfig("chain", draft_len=2))
-    assert str(e.value) == mismatch(SMOL, Q05, KEEP_WITH_Q15).replace(
+    assert str(e.value) == mismatch(SMOL, Q05, keep_with_q15(installed)).replace(
         "lever: error: ", "").replace("--draft ngram", "make_drafter('ngram')")
     same = make_drafter(SMOL, progress=False)
     out = smol.generate("hi", max_new_tokens=2, drafter=same, spec=SpecConfig("chain", draft_len=2))

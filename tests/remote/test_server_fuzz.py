@@ -148,20 +148,18 @@ def serialize(body: dict, rng: random.Random) -> bytes:
     return data
 
 
-class Fuzzer:
-    def __init__(self, port: int, seed: int):
-        self.port, self.rng = port, random.Random(seed)
+class KeepAliveClient:
+    """Requests over one keep-alive connection to 127.0.0.1:`port`, reopened
+    when the server closes it; `timeout_s`: one exchange's safety net (scaled)."""
+
+    def __init__(self, port: int, timeout_s: float):
+        self.port, self.timeout_s = port, timeout_s
         self.conn: http.client.HTTPConnection | None = None
-        self.sessions: dict[str, int | None] = {}     # sid -> its root (as far as we know)
-        self.rounds: dict[str, int] = {}              # sid -> its next round number
-        self.failures: list[tuple] = []
-        self.statuses: dict[int, int] = {}
-        self.codes: Counter = Counter()               # the error codes answered
 
     def send(self, method: str, path: str, payload: bytes | None, headers: dict) -> tuple[int, bytes]:
         for attempt in (1, 2):                   # a keep-alive connection the server closed: once more
             if self.conn is None:
-                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=deadline(10))
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=deadline(self.timeout_s))
             try:
                 self.conn.request(method, path, body=payload, headers=headers)
                 resp = self.conn.getresponse()
@@ -176,6 +174,17 @@ class Fuzzer:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+
+class Fuzzer(KeepAliveClient):
+    def __init__(self, port: int, seed: int):
+        super().__init__(port, timeout_s=10)
+        self.rng = random.Random(seed)
+        self.sessions: dict[str, int | None] = {}     # sid -> its root (as far as we know)
+        self.rounds: dict[str, int] = {}              # sid -> its next round number
+        self.failures: list[tuple] = []
+        self.statuses: dict[int, int] = {}
+        self.codes: Counter = Counter()               # the error codes answered
 
     def headers(self) -> dict:
         rng = self.rng

@@ -33,7 +33,7 @@ pytest.importorskip("aiohttp")
 from lever.cli import build_parser  # noqa: E402
 from lever.commands.serve import build_server  # noqa: E402
 from lever.serve.site import serve_thread  # noqa: E402
-from test_server_fuzz import BAD_BYTES, BAD_TEXT, BYTES, RAW_NUMBERS, rss_mb  # noqa: E402
+from test_server_fuzz import BAD_BYTES, BAD_TEXT, BYTES, RAW_NUMBERS, KeepAliveClient, rss_mb  # noqa: E402
 from test_serve import NAME, TOKEN, lever_generate  # noqa: E402
 from waiting import deadline  # noqa: E402
 
@@ -166,32 +166,13 @@ def serialize(body: dict, rng: random.Random) -> bytes:
     return data
 
 
-class Fuzzer:
+class Fuzzer(KeepAliveClient):
     def __init__(self, port: int, seed: int):
-        self.port, self.rng = port, random.Random(seed)
-        self.conn: http.client.HTTPConnection | None = None
+        super().__init__(port, timeout_s=60)
+        self.rng = random.Random(seed)
         self.failures: list[tuple] = []
         self.statuses: Counter = Counter()
         self.codes: Counter = Counter()
-
-    def send(self, method: str, path: str, payload: bytes | None, headers: dict) -> tuple[int, bytes]:
-        for attempt in (1, 2):                   # a keep-alive connection the server closed: once more
-            if self.conn is None:
-                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=deadline(60))
-            try:
-                self.conn.request(method, path, body=payload, headers=headers)
-                resp = self.conn.getresponse()
-                data = resp.read()
-                if resp.getheader("Connection", "").lower() == "close":
-                    self.conn.close()
-                    self.conn = None
-                return resp.status, data
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self.conn.close()
-                self.conn = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
 
     def headers(self) -> dict:
         rng = self.rng

@@ -387,15 +387,11 @@ def forward_seconds(model, grid: list[int], ctx: int, repeats: int, rng, say, la
     return [p.total_s for p in measure_curve(run, grid, repeats, say, label, "f")]
 
 
-def _measure_overhead(target, target_cache, draft_model, ctx: int, rng) -> float:
-    """Seconds of one iteration's host work for an OVERHEAD_NODES-node tree:
-    the median of making the tokens / positions / mask arrays and walking the
-    tree over the target's argmax ids (OVERHEAD_REPEATS runs), plus the median
-    seconds of compacting the target's and the draft's KV caches to the
-    accepted path.  (The argmax itself is the target's head: a pass stage.)
-    `target_cache` holds `ctx` context rows."""
-    n = OVERHEAD_NODES
-    tree = random_tree(n, target.config.vocab_size, rng)
+def tree_walk_seconds(tree: TokenTree, ctx: int) -> tuple[float, np.ndarray]:
+    """(median seconds of an iteration's array and walk work on `tree` --
+    making its tokens / positions / mask arrays, walking it along its
+    deepest path, the compaction indices -- over OVERHEAD_REPEATS runs,
+    the rows that walk keeps, for timing the KV compaction)."""
     choice = _deepest_path_choice(tree)
     samples = []
     for _ in range(OVERHEAD_REPEATS):
@@ -404,9 +400,20 @@ def _measure_overhead(target, target_cache, draft_model, ctx: int, rng) -> float
         accepted, _ = tree.walk(choice)
         tree.compaction_indices(ctx, accepted)
         samples.append(time.perf_counter() - t0)
-    keep = tree.compaction_indices(ctx, tree.walk(choice)[0])
-    draft_cache = _context_cache(draft_model, ctx, n, rng)
-    return statistics.median(samples) + sum(_compact_seconds(model, cache, tree, keep)
+    return statistics.median(samples), tree.compaction_indices(ctx, tree.walk(choice)[0])
+
+
+def _measure_overhead(target, target_cache, draft_model, ctx: int, rng) -> float:
+    """Seconds of one iteration's host work for an OVERHEAD_NODES-node tree:
+    the median of making the tokens / positions / mask arrays and walking the
+    tree over the target's argmax ids (OVERHEAD_REPEATS runs), plus the median
+    seconds of compacting the target's and the draft's KV caches to the
+    accepted path.  (The argmax itself is the target's head: a pass stage.)
+    `target_cache` holds `ctx` context rows."""
+    tree = random_tree(OVERHEAD_NODES, target.config.vocab_size, rng)
+    walk_s, keep = tree_walk_seconds(tree, ctx)
+    draft_cache = _context_cache(draft_model, ctx, OVERHEAD_NODES, rng)
+    return walk_s + sum(_compact_seconds(model, cache, tree, keep)
                                             for model, cache in ((target, target_cache), (draft_model, draft_cache)))
 
 

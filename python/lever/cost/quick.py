@@ -67,9 +67,9 @@ from ..values import fmt_bytes
 from . import measure as _measure
 from .cost_model import CostModel
 from .device_profile import DEFAULT_DRAFT_GRID, DeviceProfile, Stage
-from .measure import (COMPACT_REPEATS, IO_READS, OVERHEAD_NODES, OVERHEAD_REPEATS, PointTimes, ReadCounter,
-                      _context_cache, _deepest_path_choice, _forward_run, measure_curve, measure_point,
-                      measure_settings, printer, random_tree, warm_up)
+from .measure import (COMPACT_REPEATS, IO_READS, OVERHEAD_NODES, PointTimes, ReadCounter, _context_cache,
+                      _forward_run, measure_curve, measure_point, measure_settings, printer, random_tree,
+                      tree_walk_seconds, warm_up)
 
 QUICK_N_GRID = (1, 2, 4, 8, 16, 32, 64)         # tree tokens per pass; compute grows linearly past 32,
                                                  # so the cost model's extrapolation from 32..64 prices
@@ -403,18 +403,9 @@ def _quick_overhead(target, draft_model, draft_cache, ctx: int, rng) -> float:
     rows hold)."""
     n = OVERHEAD_NODES
     tree = random_tree(n, target.config.vocab_size, rng)
-    choice = _deepest_path_choice(tree)
-    samples = []
-    for _ in range(OVERHEAD_REPEATS):
-        t0 = time.perf_counter()
-        tree.tokens().astype(np.int64), tree.positions(ctx), tree.mask(ctx)
-        accepted, _ = tree.walk(choice)
-        tree.compaction_indices(ctx, accepted)
-        samples.append(time.perf_counter() - t0)
-    keep = tree.compaction_indices(ctx, tree.walk(choice)[0])
+    total, keep = tree_walk_seconds(tree, ctx)
     target_cache = target.new_cache(capacity=ctx + n)
     _commit(target, target_cache, None, np.arange(ctx, dtype=np.int64), causal_mask(ctx, 0))
-    total = statistics.median(samples)
     for model, cache in ((target, target_cache), (draft_model, draft_cache)):
         total += _compact_seconds(model, cache, tree, keep)
     return total
