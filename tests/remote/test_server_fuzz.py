@@ -125,26 +125,42 @@ def mutate(body: dict, rng: random.Random) -> dict:
     return body
 
 
-def serialize(body: dict, rng: random.Random) -> bytes:
-    """JSON text with a raw number in place of the placeholder, sometimes corrupted."""
-    text = json.dumps({"v": 1, **body} if "v" not in body or rng.random() < 0.5 else body)
+def with_raw_values(text: str, rng: random.Random) -> bytes:
+    """JSON text as bytes, with raw numbers and raw string bytes (RAW_NUMBERS,
+    BAD_BYTES) in place of the placeholders random_value put there."""
     while f'"{PLACEHOLDER}"' in text:
         text = text.replace(f'"{PLACEHOLDER}"', rng.choice(RAW_NUMBERS), 1)
     data = text.encode()
     while BYTES.encode() in data:
         data = data.replace(BYTES.encode(), rng.choice(BAD_BYTES), 1)
-    roll = rng.random()
-    if roll < 0.05:
-        data = data[:rng.randrange(len(data) + 1)]
-    elif roll < 0.10:
+    return data
+
+
+def damaged(data: bytes, roll: float, rng: random.Random, edges: tuple[float, float, float, float]) -> bytes | None:
+    """`data` cut short, with a byte changed, replaced by deep nesting or by
+    noise, as `roll` falls below each of `edges` in turn; None above them."""
+    cut, flip, nest, noise = edges
+    if roll < cut:
+        return data[:rng.randrange(len(data) + 1)]
+    if roll < flip:
         i = rng.randrange(len(data))
-        data = data[:i] + bytes([rng.randrange(256)]) + data[i + 1:]
-    elif roll < 0.12:
-        data = b"[" * rng.randint(100, 5000) + b"]" * rng.randint(0, 10)
-    elif roll < 0.14:
-        data = bytes(rng.randrange(256) for _ in range(rng.randint(0, 200)))
-    elif roll < 0.15:
-        data = b'{"v": 1, "prompt": [' + b"1," * 5000 + b"1]}"          # over the body limit
+        return data[:i] + bytes([rng.randrange(256)]) + data[i + 1:]
+    if roll < nest:
+        return b"[" * rng.randint(100, 5000) + b"]" * rng.randint(0, 10)
+    if roll < noise:
+        return bytes(rng.randrange(256) for _ in range(rng.randint(0, 200)))
+    return None
+
+
+def serialize(body: dict, rng: random.Random) -> bytes:
+    """JSON text with a raw number in place of the placeholder, sometimes corrupted."""
+    data = with_raw_values(json.dumps({"v": 1, **body} if "v" not in body or rng.random() < 0.5 else body), rng)
+    roll = rng.random()
+    bad = damaged(data, roll, rng, (0.05, 0.10, 0.12, 0.14))
+    if bad is not None:
+        return bad
+    if roll < 0.15:
+        return b'{"v": 1, "prompt": [' + b"1," * 5000 + b"1]}"          # over the body limit
     return data
 
 
@@ -155,6 +171,41 @@ class KeepAliveClient:
     def __init__(self, port: int, timeout_s: float):
         self.port, self.timeout_s = port, timeout_s
         self.conn: http.client.HTTPConnection | None = None
+        self.failures: list[tuple] = []
+        self.statuses: Counter = Counter()
+        self.codes: Counter = Counter()               # the error codes answered
+
+    def exchange(self, method: str, path: str, payload: bytes | None, headers: dict) -> tuple[int, bytes] | None:
+        """(status, body) of one request, its status counted; None when there is
+        nothing more to check: no answer or a 5xx (both failures), or a HEAD."""
+        shown = payload[:200] if payload else None
+        try:
+            status, data = self.send(method, path, payload, headers)
+        except (OSError, http.client.HTTPException) as e:
+            self.failures.append((method, path, shown, "no answer", repr(e)))
+            return None
+        self.statuses[status] += 1
+        if status >= 500:
+            self.failures.append((method, path, shown, status, data[:300]))
+            return None
+        return None if method == "HEAD" else (status, data)
+
+    def json_answer(self, method: str, path: str, payload: bytes | None, status: int, data: bytes):
+        """(whether the answer is well formed, its JSON value or None): an error
+        status must come with a JSON error object (its code is counted), except
+        aiohttp's plain-text 400 for what is not even HTTP."""
+        try:
+            answer = json.loads(data) if data else {}
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+            self.codes[answer["error"].get("code")] += 1
+        if status >= 400 and not (isinstance(answer, dict) and "error" in answer) and \
+                not (status == 400 and answer is None):
+            self.failures.append((method, path, payload[:200] if payload else None, status, "no JSON error",
+                                  data[:300]))
+            return False, answer
+        return True, answer
 
     def send(self, method: str, path: str, payload: bytes | None, headers: dict) -> tuple[int, bytes]:
         for attempt in (1, 2):                   # a keep-alive connection the server closed: once more
@@ -182,9 +233,6 @@ class Fuzzer(KeepAliveClient):
         self.rng = random.Random(seed)
         self.sessions: dict[str, int | None] = {}     # sid -> its root (as far as we know)
         self.rounds: dict[str, int] = {}              # sid -> its next round number
-        self.failures: list[tuple] = []
-        self.statuses: dict[int, int] = {}
-        self.codes: Counter = Counter()               # the error codes answered
 
     def headers(self) -> dict:
         rng = self.rng
@@ -223,26 +271,12 @@ class Fuzzer(KeepAliveClient):
         if body is not None and rng.random() < 0.6:
             body = mutate(body, rng)
         payload = serialize(body, rng) if body is not None else None
-        try:
-            status, data = self.send(method, path, payload, self.headers())
-        except (OSError, http.client.HTTPException) as e:
-            self.failures.append((method, path, payload[:200] if payload else None, "no answer", repr(e)))
+        answered = self.exchange(method, path, payload, self.headers())
+        if answered is None:
             return
-        self.statuses[status] = self.statuses.get(status, 0) + 1
-        if status >= 500:
-            self.failures.append((method, path, payload[:200] if payload else None, status, data[:300]))
-            return
-        if method == "HEAD":
-            return
-        try:
-            answer = json.loads(data) if data else {}
-        except ValueError:
-            answer = None
-        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-            self.codes[answer["error"].get("code")] += 1
-        if status >= 400 and not (isinstance(answer, dict) and "error" in answer) and \
-                not (status == 400 and answer is None):        # aiohttp's plain-text 400: not even HTTP
-            self.failures.append((method, path, payload[:200] if payload else None, status, "no JSON error", data))
+        status, data = answered
+        ok, answer = self.json_answer(method, path, payload, status, data)
+        if not ok:
             return
         if status in (200, 201) and path == "/v1/sessions" and method == "POST":
             self.sessions[answer["session"]] = json.loads(payload)["prompt"][-1]
@@ -254,6 +288,20 @@ class Fuzzer(KeepAliveClient):
             victim = rng.choice(list(self.sessions))
             self.send("DELETE", f"/v1/sessions/{victim}", None, {"Authorization": f"Bearer {TOKEN}"})
             self.sessions.pop(victim, None)
+
+
+def drive(fuzzer, n_requests: int) -> tuple[float, int, float, float]:
+    """Send `n_requests` of `fuzzer`'s requests: (seconds, the warm-up requests,
+    RSS MB after them, RSS MB at the end); the first tenth warms caches and
+    pools before RSS is read."""
+    warm = max(1, n_requests // 10)
+    t0 = time.monotonic()
+    for _ in range(warm):
+        fuzzer.one()
+    rss_before = rss_mb()
+    for _ in range(n_requests - warm):
+        fuzzer.one()
+    return time.monotonic() - t0, warm, rss_before, rss_mb()
 
 
 def rss_mb() -> float:
@@ -272,14 +320,7 @@ def fuzz(fuzz_server, tiny_pair, n_requests: int, max_growth_mb: float) -> None:
     reference = generate_tokens(tiny_pair[0], prompt, 8).token_ids      # the plain loop: `lever generate`'s tokens
     assert greedy_tokens(raw, prompt) == reference
     fuzzer = Fuzzer(running.port, seed=12)
-    warm = max(1, n_requests // 10)            # the first tenth warms caches and pools before RSS is read
-    t0 = time.monotonic()
-    for _ in range(warm):
-        fuzzer.one()
-    rss_before = rss_mb()
-    for _ in range(n_requests - warm):
-        fuzzer.one()
-    elapsed = time.monotonic() - t0
+    elapsed, warm, rss_before, rss_after = drive(fuzzer, n_requests)
     for sid in list(running.server.sessions):          # the fuzzer's sessions, some it lost track of
         raw("DELETE", f"/v1/sessions/{sid}")
     rss_after = rss_mb()

@@ -23,8 +23,6 @@ import http.client
 import json
 import os
 import random
-import time
-from collections import Counter
 
 import pytest
 
@@ -33,14 +31,14 @@ pytest.importorskip("aiohttp")
 from lever.cli import build_parser  # noqa: E402
 from lever.commands.serve import build_server  # noqa: E402
 from lever.serve.site import serve_thread  # noqa: E402
-from test_server_fuzz import BAD_BYTES, BAD_TEXT, BYTES, RAW_NUMBERS, KeepAliveClient, rss_mb  # noqa: E402
+from test_server_fuzz import (BAD_TEXT, BYTES, PLACEHOLDER, KeepAliveClient, damaged, drive,  # noqa: E402
+                              with_raw_values)
 from test_serve import NAME, TOKEN, lever_generate  # noqa: E402
 from waiting import deadline  # noqa: E402
 
 FUZZ_REQUESTS = int(os.environ.get("LEVER_FUZZ_REQUESTS", "300"))
 FULL_REQUESTS = max(5000, FUZZ_REQUESTS)
 MAX_TOKENS = 4
-PLACEHOLDER = "@@RAW@@"
 NASTY = [None, True, False, 0, -1, 1, 2, 3, 4, 5, 2 ** 31, 2 ** 63, 2 ** 64, -(2 ** 63), 1.5, -0.0, 1e308, 5e-324,
          "", "x", "hi", "user", "system", "text", NAME, "gpt-4o", "\u00e9" * 8, "\U0001F600", "\x00", [], {}, [[]],
          {"a": 1}, {"type": "text", "text": "hi"}, [{"type": "text", "text": "\ud800"}], ["a", "b"], [1, 2, 3],
@@ -141,28 +139,17 @@ def mutate(body: dict, rng: random.Random) -> dict:
 
 def serialize(body: dict, rng: random.Random) -> bytes:
     """JSON with raw numbers and raw string bytes in place of the placeholders, sometimes corrupted."""
-    text_ = json.dumps(body)
-    while f'"{PLACEHOLDER}"' in text_:
-        text_ = text_.replace(f'"{PLACEHOLDER}"', rng.choice(RAW_NUMBERS), 1)
-    data = text_.encode()
-    while BYTES.encode() in data:
-        data = data.replace(BYTES.encode(), rng.choice(BAD_BYTES), 1)
+    data = with_raw_values(json.dumps(body), rng)
     roll = rng.random()
-    if roll < 0.04:
-        data = data[:rng.randrange(len(data) + 1)]
-    elif roll < 0.08:
-        i = rng.randrange(len(data))
-        data = data[:i] + bytes([rng.randrange(256)]) + data[i + 1:]
-    elif roll < 0.10:
-        data = b"[" * rng.randint(100, 5000)
-    elif roll < 0.11:
-        data = bytes(rng.randrange(256) for _ in range(rng.randint(0, 200)))
-    elif roll < 0.12:
-        data = b'{"prompt": "' + b"a" * 20000 + b'"}'            # over the body limit
-    elif roll < 0.13:
-        data = "\ufeff".encode() + data                         # a byte-order mark
-    elif roll < 0.14:
-        data = json.dumps(body).encode("utf-16")                 # JSON may come as UTF-16
+    bad = damaged(data, roll, rng, (0.04, 0.08, 0.10, 0.11))
+    if bad is not None:
+        return bad
+    if 0.11 <= roll < 0.12:
+        return b'{"prompt": "' + b"a" * 20000 + b'"}'            # over the body limit
+    if 0.12 <= roll < 0.13:
+        return "\ufeff".encode() + data                         # a byte-order mark
+    if 0.13 <= roll < 0.14:
+        return json.dumps(body).encode("utf-16")                 # JSON may come as UTF-16
     return data
 
 
@@ -170,9 +157,6 @@ class Fuzzer(KeepAliveClient):
     def __init__(self, port: int, seed: int):
         super().__init__(port, timeout_s=60)
         self.rng = random.Random(seed)
-        self.failures: list[tuple] = []
-        self.statuses: Counter = Counter()
-        self.codes: Counter = Counter()
 
     def headers(self) -> dict:
         rng = self.rng
@@ -200,32 +184,16 @@ class Fuzzer(KeepAliveClient):
         if body is not None and rng.random() < 0.75:
             body = mutate(body, rng)
         payload = serialize(body, rng) if body is not None else None
-        shown = payload[:200] if payload else None
-        try:
-            status, data = self.send(method, path, payload, self.headers())
-        except (OSError, http.client.HTTPException) as e:
-            self.failures.append((method, path, shown, "no answer", repr(e)))
+        answered = self.exchange(method, path, payload, self.headers())
+        if answered is None:
             return
-        self.statuses[status] += 1
-        if status >= 500:
-            self.failures.append((method, path, shown, status, data[:300]))
-            return
-        if method == "HEAD":
-            return
+        status, data = answered
         if data.startswith(b"data: "):                       # a stream: no event may be an error
-            for event in data.split(b"\n\n"):
-                if event.startswith(b"data: {") and b'"error"' in event:
-                    self.failures.append((method, path, shown, status, "an error in the stream", event[:300]))
+            errors = [e for e in data.split(b"\n\n") if e.startswith(b"data: {") and b'"error"' in e]
+            self.failures += [(method, path, payload and payload[:200], status, "an error in the stream", e[:300])
+                              for e in errors]
             return
-        try:
-            answer = json.loads(data) if data else {}
-        except ValueError:
-            answer = None
-        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-            self.codes[answer["error"].get("code")] += 1
-        if status >= 400 and not (isinstance(answer, dict) and "error" in answer) and \
-                not (status == 400 and answer is None):        # aiohttp's plain-text 400: not even HTTP
-            self.failures.append((method, path, shown, status, "no JSON error", data[:300]))
+        self.json_answer(method, path, payload, status, data)
 
 
 def chat_ids(port: int, prompt: str, n: int) -> list[int]:
@@ -247,15 +215,7 @@ def fuzz(fuzz_site, smollm2_path, lever_cache, n_requests: int, max_growth_mb: f
     reference = lever_generate(smollm2_path, lever_cache, prompt, MAX_TOKENS)["token_ids"]
     assert chat_ids(site.port, prompt, MAX_TOKENS) == reference
     fuzzer = Fuzzer(site.port, seed=35)
-    warm = max(1, n_requests // 10)            # the first tenth warms caches and pools before RSS is read
-    t0 = time.monotonic()
-    for _ in range(warm):
-        fuzzer.one()
-    rss_before = rss_mb()
-    for _ in range(n_requests - warm):
-        fuzzer.one()
-    elapsed = time.monotonic() - t0
-    rss_after = rss_mb()
+    elapsed, warm, rss_before, rss_after = drive(fuzzer, n_requests)
     print(f"{n_requests} fuzzed requests to lever serve in {elapsed:.1f} s; statuses "
           f"{sorted(fuzzer.statuses.items())}; {fuzzer.codes['invalid_text']} invalid_text; "
           f"RSS {rss_before:.1f} MB after {warm} requests, "
