@@ -46,6 +46,15 @@ def one_line(message: object) -> str:
     return " ".join(str(message).split("\n"))
 
 
+def os_error_words(e: OSError) -> str:
+    """An OSError as "<file>: <reason>" (the file first, where it is known),
+    else its reason, without Python's "[Errno N]" prefix."""
+    reason = e.strerror or str(e)
+    if e.filename is None:
+        return reason
+    return f"{e.filename}: {reason}" + (f" (-> {e.filename2})" if e.filename2 is not None else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -54,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lever: error: {one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:          # unreadable file, full disk, ...: still one line
-        print(f"lever: error: {one_line(e)}", file=sys.stderr)
+        print(f"lever: error: {one_line(os_error_words(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lever: interrupted", file=sys.stderr)

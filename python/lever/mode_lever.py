@@ -29,11 +29,11 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
+from .atomic_write import save_cache_file
 from .cost import ring_depth
 from .cost.cost_model import CostModel
 from .cost.identity import model_identity
@@ -228,13 +228,15 @@ def _warn(message: str) -> None:
     print(f"lever: warning: {message}", file=sys.stderr, flush=True)
 
 
+CALIBRATION_UNSAVED = "what this run learnt about acceptance is not kept for the next one"
+
+
 def save_calibration(policy: GainCostPolicy) -> Path | None:
-    """Write what the policy's calibration learnt (atomically) to its file."""
+    """Write what the policy's calibration learnt (atomically) to its file; the
+    path, or None if the policy has none or the cache cannot take it (then one
+    warning line names the file: the run and its answer go on)."""
     path = getattr(policy, "calibration_path", None)
     if path is None:
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(policy.calibration.to_json()))
-    os.replace(tmp, path)
-    return path
+    saved = save_cache_file(path, json.dumps(policy.calibration.to_json()), CALIBRATION_UNSAVED)
+    return path if saved else None

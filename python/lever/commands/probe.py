@@ -20,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..atomic_write import write_atomic
 from ..errors import LeverError
 from . import arg_types
 from .options import (add_cache_dir, add_compute_options, add_draft, add_draft_head, add_dram_budget,
@@ -206,7 +207,7 @@ def run_train(args: argparse.Namespace) -> int:
     path, verdict = store_chosen(report, traces, args)
     report.update(probe_path=str(path) if path else None, not_stored=verdict)
     out = Path(args.traces)
-    (out / REPORT_JSON).write_text(json.dumps(report, indent=1))
+    write_atomic(out / REPORT_JSON, json.dumps(report, indent=1))
     plotted = not args.no_plot
     if plotted:
         from ..plotting import PlotUnavailableError

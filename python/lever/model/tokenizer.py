@@ -51,7 +51,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -61,6 +60,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Mapping, Sequence
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
+from ..atomic_write import SaveError, remove_quietly, sweep_stale, temp_path, warn_unsaved, writing
 from ..errors import LeverError, ModelFormatError, UnsupportedModelError
 from ..files import open_regular
 
@@ -364,32 +364,34 @@ class _TokenizerCache:
         return tok, info
 
     def store(self, key: str, tok: _RustTokenizer, info: _SpecialInfo, pre: str) -> None:
-        """Best effort: a cache that cannot be written costs a rebuild next time, nothing more.
-        `pre` names the pre-tokenizer family (a key of _PRE_TOKENIZERS)."""
+        """Best effort: a cache that cannot be written (full, read-only, ...) costs
+        one warning line naming the entry and a rebuild next time, nothing more;
+        no temporary directory is left.  `pre` names the pre-tokenizer family
+        (a key of _PRE_TOKENIZERS)."""
         final = self.entry(key)
-        tmp = None
+        tmp = temp_path(final)                      # .<key>.<pid>-<n>.tmp: swept if this process dies
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
-            os.chmod(tmp, 0o755)
-            tok.model.save(str(tmp))                # vocab.json, merges.txt
-            added = [[t.content, t.special] for _, t in sorted(tok.get_added_tokens_decoder().items())]
-            side = {"format": self.FORMAT, "info": info.to_json(), "pre": pre, "added": added}
-            (tmp / self.SIDECAR_FILE).write_text(json.dumps(side, ensure_ascii=False, indent=1), encoding="utf-8")
-            if final.exists():                      # a stale/corrupt entry: move it aside first
-                old = Path(tempfile.mkdtemp(prefix=f".{key}.old.", dir=self.root))
-                os.replace(final, old / "entry")
-                shutil.rmtree(old, ignore_errors=True)
-            os.rename(tmp, final)
-            tmp = None
-        except OSError as e:
-            if final.is_dir() and (final / self.SIDECAR_FILE).is_file():
-                pass                                # another process won the race: fine
-            else:
-                log.warning("could not write tokenizer cache %s: %s", final, e)
+            with writing(tmp):
+                self.root.mkdir(parents=True, exist_ok=True)
+                sweep_stale(self.root)
+                tmp.mkdir(mode=0o755)
+                tok.model.save(str(tmp))            # vocab.json, merges.txt
+                added = [[t.content, t.special] for _, t in sorted(tok.get_added_tokens_decoder().items())]
+                side = {"format": self.FORMAT, "info": info.to_json(), "pre": pre, "added": added}
+                (tmp / self.SIDECAR_FILE).write_text(json.dumps(side, ensure_ascii=False, indent=1),
+                                                     encoding="utf-8")
+                if final.exists():                  # a stale/corrupt entry: move it aside first
+                    old = temp_path(final.with_name(f"{key}.old"))
+                    with writing(old):
+                        os.rename(final, old)
+                        shutil.rmtree(old, ignore_errors=True)
+                os.rename(tmp, final)
+        except Exception as e:                      # OSError, or the tokenizers library's own error
+            if not (final.is_dir() and (final / self.SIDECAR_FILE).is_file()):   # else another process won
+                error = e if isinstance(e, OSError) else OSError(None, str(e))
+                warn_unsaved(SaveError(final, error), "the tokenizer is built again on the next load")
         finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+            remove_quietly(tmp)
 
 
 class _MetadataFile:

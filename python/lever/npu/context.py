@@ -26,6 +26,7 @@ import os
 import time
 from pathlib import Path
 
+from ..atomic_write import write_atomic
 from ..errors import LeverError
 from ..gguf.registry import default_cache_dir
 from ..model_config import ModelConfig
@@ -131,7 +132,7 @@ class BucketGraphs:
         self.directory.mkdir(parents=True, exist_ok=True)
         meta = self.directory / META
         if not meta.exists():
-            meta.write_text(json.dumps(context_meta(self.cfg, self.target), indent=1, sort_keys=True))
+            write_atomic(meta, json.dumps(context_meta(self.cfg, self.target), indent=1, sort_keys=True))
         check_meta(self.directory, context_meta(self.cfg, self.target))
         stem = bucket_stem(rows, context)
         graph_path = self.directory / f"{stem}.onnx"
@@ -139,7 +140,7 @@ class BucketGraphs:
         for stale in (out, self.directory / f"{stem}_ctx_qnn.bin"):
             stale.unlink(missing_ok=True)
         t0 = time.perf_counter()
-        graph_path.write_bytes(layer_graph(self.cfg, rows, context, self.dtype).SerializeToString())
+        write_atomic(graph_path, layer_graph(self.cfg, rows, context, self.dtype).SerializeToString())
         create_session(graph_path, "qnn", self.threads, self.target,
                        config={"ep.context_enable": "1", "ep.context_file_path": str(out),
                                "ep.context_embed_mode": "0"})

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic_write import write_atomic
 from ..cost.identity import model_identity
 from ..errors import LeverError
 from ..mode_lever import model_sha256
@@ -137,13 +138,11 @@ def probe_path(key: str, cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def save_probe(probe: ProbeModel, cache_dir: str | os.PathLike | None = None, path: Path | None = None) -> Path:
-    """Write `probe` atomically (temp file + rename) to `path` (default probe_path); returns the path."""
+    """Write `probe` atomically (lever.atomic_write) to `path` (default probe_path);
+    returns the path.  The probe is what `lever probe train` was asked for, so a
+    file that cannot be written is an error (SaveError, naming it), not a warning."""
     path = Path(path) if path is not None else probe_path(probe.key, cache_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(probe.to_json(), indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, json.dumps(probe.to_json(), indent=1))
 
 
 def read_probe(path: str | os.PathLike) -> ProbeModel:

@@ -26,7 +26,6 @@ profile mode lever ran with) when there is one.  Times are seconds.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic_write import SaveError, write_atomic, write_with
 from ..autoregressive import kv_tokens
 from ..engine import run_speculative
 from ..errors import LeverError
@@ -212,7 +212,10 @@ def record_traces(target, drafter, prompts: list[dict], out_dir, *, layers, new_
     if bad:
         raise LeverError(f"unknown trace policy {bad[0]!r} (choose from {', '.join(POLICIES)})")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SaveError(out, e) from None
     recorder = recorder_for(target, layers, keep_hidden)
     cfg = target.config
     meta = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "key": key, "target": target_name,
@@ -263,15 +266,13 @@ def describe_spec(spec) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    """Save `data` as JSON at `path`, atomically (SaveError naming it on failure)."""
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def _write_npz(path: Path, arrays: dict) -> None:
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    """Save `arrays` as an .npz at `path`, atomically (SaveError naming it on failure)."""
+    write_with(path, lambda f: np.savez(f, **arrays), suffix=".npz")
 
 
 # -- reading ---------------------------------------------------------------------------

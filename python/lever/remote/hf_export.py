@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..atomic_write import write_atomic
 from ..errors import LeverError
 from ..gguf.registry import resolve_model
 
@@ -51,7 +52,7 @@ def export_hf(model: str, out_dir: str | Path, dtype: str = "float32") -> Path:
         del hf.config.quantization_config
     hf.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    marker.write_text(json.dumps(stamp))
+    write_atomic(marker, json.dumps(stamp))
     return out
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import _native, quant
+from ..atomic_write import SaveError, sweep_stale, write_atomic, writing
 from ..errors import StoreError, UnsupportedModelError
 from ..files import file_sha256
 from ..gguf.config import LAYER_TENSOR_NAMES, config_from_gguf, qk_row_order
@@ -57,6 +58,7 @@ class _StoreWriter:
     """Appends extents to weights.bin, padding each to the store alignment."""
 
     def __init__(self, path: Path, progress: tqdm):
+        self.path = path
         self.f = open(path, "wb")
         self.offset = 0
         self.extents: list[Extent] = []
@@ -77,16 +79,26 @@ class _StoreWriter:
         parts.append(bytes(_round_up(pos, ALIGNMENT) - pos))    # pad to the alignment
         blob = b"".join(parts)
         crcs = chunk_checksums(blob, CHUNK_BYTES)                  # over the padded extent
-        self.f.write(blob)
+        try:
+            self.f.write(blob)
+        except OSError as e:                                       # name the file (ENOSPC does not)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         self.extents.append(Extent(name, self.offset, len(blob), data_bytes, tuple(crcs), tuple(entries), rows))
         length = len(blob)
         self.offset += length
         self.progress.update(length)
 
     def close(self) -> None:
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
+        try:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+        except OSError as e:
+            try:
+                self.f.close()              # unwritten bytes fail again: the first error is the one told
+            except OSError:
+                pass
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
 
 
 def _stored(g: GGUFFile, gguf_name: str, storage: str, perm_heads: int | None,
@@ -166,27 +178,37 @@ def convert(model: str, out_dir: str | os.PathLike, storage: str = "source", for
     g = GGUFFile(src)
     cfg = config_from_gguf(g)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise StoreError(f"cannot create the output directory {out}: {e.strerror or e}") from None
-    try:
-        _write_store(g, cfg, storage, weight_layout, tmp, progress)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):          # a full disk, a vanished directory: one line naming the store
-            raise StoreError(f"cannot write the store {out}: {e.strerror or e}") from None
-        raise
+    with writing(tmp):                      # what a killed conversion leaves is swept by the next one
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            sweep_stale(out.parent)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as e:
+            raise StoreError(f"cannot create the output directory {out}: {e.strerror or e}") from None
+        try:
+            _write_store(g, cfg, storage, weight_layout, tmp, progress)
+            if out.exists():
+                old = out.parent / f".{out.name}.old-{os.getpid()}"
+                with writing(old):
+                    out.rename(old)
+                    tmp.rename(out)
+                    shutil.rmtree(old)
+            else:
+                tmp.rename(out)
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, (OSError, SaveError)):   # a full disk, a vanished directory: one line
+                raise StoreError(f"cannot write the store {out} ({_failure(e)})") from None
+            raise
     return out
+
+
+def _failure(e: OSError | SaveError) -> str:
+    """What failed, in words: "<file name>: <reason>" where the file is known."""
+    name = e.path.name if isinstance(e, SaveError) else Path(e.filename).name if e.filename else ""
+    reason = e.reason if isinstance(e, SaveError) else e.strerror or str(e)
+    return f"{name}: {reason}" if name else reason
 
 
 def _write_store(g: GGUFFile, cfg, storage: str, layout: str, tmp: Path, progress: bool) -> None:
@@ -226,7 +248,7 @@ def _write_store(g: GGUFFile, cfg, storage: str, layout: str, tmp: Path, progres
         bar.close()
     tokenizer_meta = {k: v for k, v in g.metadata.items() if k.startswith("tokenizer.")}
     tokenizer_bytes = json.dumps(tokenizer_meta).encode()
-    (tmp / TOKENIZER).write_bytes(tokenizer_bytes)
+    write_atomic(tmp / TOKENIZER, tokenizer_bytes)
     source = {"path": str(g.path), "bytes": g.file_size, "name": g.metadata.get("general.name", ""),
               "file_type": g.metadata.get("general.file_type"), "sha256": file_sha256(g.path)}
     manifest = StoreManifest(config=cfg, storage=storage, weights_bytes=writer.offset,

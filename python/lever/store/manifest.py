@@ -50,6 +50,7 @@ import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..atomic_write import write_atomic
 from ..errors import StoreError
 from ..files import file_kind
 from ..model_config import ModelConfig, checked_config
@@ -168,12 +169,9 @@ class StoreManifest:
         return d
 
     def save(self, directory: Path) -> None:
-        """Write manifest.json atomically (temp file + rename)."""
-        tmp = directory / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / MANIFEST)
+        """Write manifest.json atomically (lever.atomic_write: temp file, fsync,
+        rename; SaveError naming it if it cannot be written)."""
+        write_atomic(Path(directory) / MANIFEST, json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "StoreManifest":
