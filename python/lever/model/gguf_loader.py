@@ -22,6 +22,7 @@ from ..errors import UnsupportedModelError
 from ..gguf.config import (LAYER_TENSOR_NAMES, config_from_gguf, decoder_name,  # noqa: F401 (re-exported)
                            expected_gguf_shapes, permuted_heads, qk_row_order)
 from ..gguf.file import GGUFFile
+from ..gguf.finite import check_finite
 from ..model_config import ModelConfig
 from .decoder import Decoder
 from .linear import QuantTensor, dequantize_tensor, has_kernel
@@ -38,6 +39,7 @@ def gguf_tensors(g: GGUFFile, cfg: ModelConfig, dtype: torch.dtype,
         if not quant.is_supported(info.qtype):
             raise UnsupportedModelError(f"{g.path.name}: tensor {info.name!r} uses quantisation type "
                                         f"{info.type_name}, which Lever cannot dequantise")
+        check_finite(g.path, info.name, g.raw(info.name), info.qtype)      # lever.gguf.finite
         heads = permuted_heads(cfg, name)
         order = qk_row_order(info.shape[0], heads) if heads else None
         if quantized and len(info.shape) == 2 and has_kernel(info.qtype):

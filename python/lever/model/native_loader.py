@@ -24,6 +24,10 @@ kernels (`repack_loaded`): the same bytes permuted, the same size, and the
 same results bit for bit (csrc/kernels/repack.h).  llama.cpp stores the q/k projections (and biases) of *llama*
 models with rows permuted for its interleaved RoPE: the rows are read into
 their rotate-half positions (one iovec per row; rows are whole blocks).
+
+Every tensor is checked for NaN and infinity as it arrives, before any
+repacking (lever.gguf.finite: its floats, or its blocks' F16 scales): a
+damaged file is refused with one line naming the tensor.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ..errors import ModelFormatError, UnsupportedModelError
 from ..files import open_regular
 from ..gguf.config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
 from ..gguf.file import GGUFFile, TensorInfo, tensor_nbytes
+from ..gguf.finite import check_finite, nonfinite_counts, refuse_nonfinite
 from ..model_config import ModelConfig, layer_shapes
 from ..quant import Q4_0, dequantize, quantize_q4_0, repack_at_load_types, repackable, type_name
 from ..store.flash_reader import aligned_empty
@@ -181,6 +186,7 @@ class ResidentWeights:
             norm = g.tensors["output_norm.weight"]
             raw = np.empty(norm.nbytes, dtype=np.uint8)
             read_tensor(fd, norm, raw, g.path)
+            check_finite(g.path, norm.name, raw, norm.qtype)
             drop_page_cache(fd)
         self.norm = np.empty(cfg.hidden_size, dtype=np.float32)
         _native.dequantize(raw, norm.qtype, self.norm)
@@ -216,6 +222,7 @@ class ResidentWeights:
             order = qk_row_order(info.shape[0], heads) if heads else None
             view = buffer[offset:offset + info.nbytes]
             read_tensor(fd, info, view, g.path, order)
+            check_finite(g.path, info.name, view, info.qtype)          # before repacking moves the scales
             entries.append((decoder_name, offset, repack_loaded(view, info.qtype, tuple(info.shape)),
                             tuple(info.shape)))
         return buffer, _native.LayerLayout(entries)
@@ -263,9 +270,11 @@ def drop_page_cache(fd: int) -> None:
 
 
 def _read_whole(fd: int, info: TensorInfo, path: Path) -> np.ndarray:
-    """Tensor `info` of the file at `path` (open as `fd`) in a new aligned buffer."""
+    """Tensor `info` of the file at `path` (open as `fd`) in a new aligned buffer;
+    ModelFormatError if it holds a NaN or infinity (lever.gguf.finite)."""
     buffer = aligned_buffer(info.nbytes)
     read_tensor(fd, info, buffer, path)
+    check_finite(path, info.name, buffer, info.qtype)
     return buffer
 
 
@@ -280,11 +289,16 @@ def _read_as_q4_0(fd: int, info: TensorInfo, path: Path) -> np.ndarray:
     rows, cols = info.shape
     stored_row = info.nbytes // rows
     out = aligned_buffer(tensor_nbytes(Q4_0, info.n_elements)).reshape(rows, -1)
+    nan = inf = 0
     for first in range(0, rows, Q4_0_CHUNK_ROWS):
         n = min(Q4_0_CHUNK_ROWS, rows - first)
         raw = np.empty(n * stored_row, dtype=np.uint8)
         preadv_exactly(fd, [memoryview(raw)], info.offset + first * stored_row, path)
-        out[first:first + n] = quantize_q4_0(dequantize(raw, info.qtype, (n, cols)))
+        counts = nonfinite_counts(raw, info.qtype)
+        nan, inf = nan + counts[0], inf + counts[1]
+        if not (nan or inf):
+            out[first:first + n] = quantize_q4_0(dequantize(raw, info.qtype, (n, cols)))
+    refuse_nonfinite(path, info.name, info.qtype, nan, inf)
     return out.reshape(-1)
 
 

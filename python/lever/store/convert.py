@@ -40,6 +40,7 @@ from ..errors import StoreError, UnsupportedModelError
 from ..files import file_sha256
 from ..gguf.config import LAYER_TENSOR_NAMES, config_from_gguf, qk_row_order
 from ..gguf.file import GGUFFile
+from ..gguf.finite import check_gguf_finite
 from ..gguf.registry import resolve_model
 from .flash_reader import chunk_checksums
 from .manifest import (ALIGNMENT, CHUNK_BYTES, DEFAULT_WEIGHT_LAYOUT, STORAGE_FORMATS, TENSOR_ALIGNMENT, TOKENIZER,
@@ -212,7 +213,11 @@ def _failure(e: OSError | SaveError) -> str:
 
 
 def _write_store(g: GGUFFile, cfg, storage: str, layout: str, tmp: Path, progress: bool) -> None:
-    """weights.bin, tokenizer_metadata.json and manifest.json of the store, into `tmp`."""
+    """weights.bin, tokenizer_metadata.json and manifest.json of the store, into `tmp`.
+    A tensor holding a NaN or infinity is refused before anything is written
+    (lever.gguf.finite): a store is only made of finite weights, so its loader
+    trusts them as its checksums vouch for the bytes."""
+    check_gguf_finite(g)
     llama = cfg.arch == "llama"
     layout = layout if storage == "source" else "gguf"       # BF16 has no repacked form
     head_name = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
