@@ -102,7 +102,8 @@ def damage(damaged):
 
 
 def one_error(rc, out, err) -> str:
-    lines = err.strip().splitlines()
+    """The one `lever: error:` line of stderr (a progress bar aside), with exit status 2 and no output."""
+    lines = [x for x in err.splitlines() if x.startswith("lever: ") or "Traceback" in x]
     assert rc == 2 and out == "", (rc, out, err)
     assert len(lines) == 1 and lines[0].startswith("lever: error: "), err
     return lines[0]
@@ -183,3 +184,18 @@ def test_torch_reference_refuses_non_finite_weights(damaged, damage):
     damage("blk.1.ffn_norm.weight", 8, NAN32 * 2)
     with pytest.raises(ModelFormatError, match=r"tensor 'blk.1.ffn_norm.weight' holds NaN \(2 values\)"):
         load_model(damaged, "float32", kernels="torch")
+
+
+def test_draft_head_requantised_at_load_is_checked_too(capsys, damaged, damage, tmp_path):
+    """`--draft-head q4_0` reads the tied Q8_0 head chunk by chunk into Q4_0:
+    a NaN scale in its last chunk is still refused, counted over all chunks."""
+    g = GGUFFile(damaged)
+    info = g.tensors["token_embd.weight"]
+    block_bytes, offsets = QUANT_SCALES[info.qtype]
+    last = info.nbytes // block_bytes - 1
+    damage("token_embd.weight", offsets[0], np.uint16(F16_NAN).tobytes())
+    damage("token_embd.weight", last * block_bytes + offsets[0], np.uint16(F16_INF).tobytes())
+    rc, out, err = generate(capsys, "smollm2-135m", tmp_path, "--mode", "lever", "--draft", str(damaged),
+                            "--draft-head", "q4_0")
+    line = one_error(rc, out, err)
+    assert f"{damaged}: tensor 'token_embd.weight' holds NaN (1 block scale) and Inf (1 block scale)" in line
