@@ -43,7 +43,7 @@ from ..http.common import HttpError, client_gone, error_headers, guard_middlewar
 from ..http.connections import ConnectionGuard
 from ..sampling import SamplingParams
 from . import openai_schema as schema
-from .generation import Delta, Generator, Outcome
+from .generation import Delta, Generator, Outcome, PrefillTimeout
 from .generation_queue import Cancelled, GenerationQueue, Job, QueueFull
 from .prom import CONTENT_TYPE, HttpCounters, exposition
 
@@ -62,12 +62,13 @@ class ServeLimits:
     body_timeout_s: float = 30.0
     max_connections: int = 256
     max_connections_per_ip: int = 64
+    max_prefill_s: float = 300.0         # a request's prefill at most (then a 422 prefill_timeout)
 
     def __post_init__(self) -> None:
         for name in ("max_queue", "max_tokens", "max_body_bytes", "max_connections", "max_connections_per_ip"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("header_timeout_s", "body_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "max_prefill_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 
@@ -166,7 +167,7 @@ class OpenAIServer:
         is cancelled whenever this handler ends before the job does (the
         client disconnected: aiohttp cancels the handler)."""
         self._note_other_model(req)
-        job = Job(lambda j: self.generator.run(req, j), asyncio.get_running_loop())
+        job = Job(lambda j: self.generator.run(req, j, self.limits.max_prefill_s), asyncio.get_running_loop())
         try:
             self.queue.submit(job)
         except QueueFull as e:
@@ -227,9 +228,12 @@ class OpenAIServer:
         return resp
 
     def _failure(self, e: LeverError) -> HttpError:
-        """A run that ended in `e`: cancelled by the server (shutting down: 503), or failed (500, logged)."""
+        """A run that ended in `e`: cancelled by the server (shutting down: 503), its
+        prefill over --max-prefill-seconds (422), or failed (500, logged)."""
         if isinstance(e, Cancelled):
             return HttpError(503, "cancelled", f"the request was cancelled: {e}")
+        if isinstance(e, PrefillTimeout):
+            return HttpError(422, "prefill_timeout", str(e)[:300], "prompt")
         self.log(f"generation failed: {type(e).__name__}: {e}")
         return HttpError(500, "generation_failed", f"generation failed: {e}"[:300])
 
