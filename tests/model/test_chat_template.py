@@ -112,3 +112,10 @@ def test_template_errors_stay_errors_of_the_template():
         assert renderer.render("{{ x|tojson }}", {"x": {"a": "<b>"}}) == '{"a": "<b>"}'     # plain JSON, as HF
     finally:
         renderer.close()
+
+
+def test_a_worker_that_cannot_start_is_one_error(monkeypatch):
+    monkeypatch.setattr("sys.executable", "/bin/false")
+    renderer = TemplateRenderer(workers=1)
+    with pytest.raises(LeverError, match="^t: its worker process exited as it started"):
+        renderer.render("{{ 1 }}", {}, "t")

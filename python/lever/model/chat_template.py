@@ -173,8 +173,10 @@ class TemplateRenderer:
                 worker.kill()                   # ended while idle (killed from outside): reaped, replaced
         try:
             return TemplateWorker(self.budget)
-        except WorkerGone:
-            raise LeverError(f"{name}: its worker process did not start within {START_SECONDS:g} s") from None
+        except WorkerGone as e:
+            why = (f"did not start within {START_SECONDS:g} s" if str(e) == "timeout:start"
+                   else "exited as it started (is jinja2 installed?)")
+            raise LeverError(f"{name}: its worker process {why}") from None
         except OSError as e:
             raise LeverError(f"{name}: cannot start its worker process: {e.strerror or e}") from None
 
