@@ -87,12 +87,31 @@ def prefill_chunk(model, chunk_ids: list[int], start: int, cache, head: str = "l
     return out[0]
 
 
-def prefill(model, prompt_ids: list[int], cache, head: str = "logits") -> np.ndarray:
-    """Feed the prompt in chunks of PREFILL_CHUNK tokens; returns the last
-    token's row of the head (see `prefill_chunk`)."""
-    out = None
-    for start in range(0, len(prompt_ids), PREFILL_CHUNK):
-        out = prefill_chunk(model, list(prompt_ids[start:start + PREFILL_CHUNK]), start, cache, head)
+PrefillPace = Callable[[int, int], int]
+"""pace(tokens prefilled so far, tokens to prefill) -> the next chunk's tokens:
+called before each prefill forward; it may raise (a LeverError) to stop the
+prefill between two chunks -- how `lever serve` cancels one (lever.serve.generation)."""
+
+
+def chunk_size(pace: "PrefillPace | int", done: int, total: int) -> int:
+    """The tokens of the next prefill chunk: `pace` itself when an int, else
+    what pace(done, total) returns (at least 1)."""
+    size = pace if isinstance(pace, int) else pace(done, total)
+    if size < 1:
+        raise ValueError(f"a prefill chunk needs at least 1 token, got {size}")
+    return size
+
+
+def prefill(model, prompt_ids: list[int], cache, head: str = "logits",
+            pace: "PrefillPace | int" = PREFILL_CHUNK) -> np.ndarray:
+    """Feed the prompt in chunks of PREFILL_CHUNK tokens (or as `pace` sizes
+    them: see `PrefillPace`); returns the last token's row of the head (see
+    `prefill_chunk`)."""
+    out, start = None, 0
+    while start < len(prompt_ids):
+        n = chunk_size(pace, start, len(prompt_ids))
+        out = prefill_chunk(model, list(prompt_ids[start:start + n]), start, cache, head)
+        start += len(prompt_ids[start:start + n])
     return out
 
 

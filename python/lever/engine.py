@@ -205,14 +205,17 @@ def verifier_capacity(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig)
 def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], max_new_tokens: int,
                     params: SamplingParams = SamplingParams(), spec: SpecConfig = SpecConfig(),
                     stop_ids: frozenset[int] = frozenset(),
-                    on_token=None) -> tuple[GenerationResult, SpecStats]:
+                    on_token=None, pace=None) -> tuple[GenerationResult, SpecStats]:
     """The speculative loop over any verifier: a `TargetVerifier` (the target in
     this process) or a `lever.remote.client.RemoteVerifier` (a verifier server).
     `verifier.start(prompt_ids)` prefills; `verifier.verify(tree, draft_probs)`
     returns a `Verdict` and commits it.  A LeverError raised mid-run (by
     `on_token` too: how `lever serve` stops a cancelled run) carries what was
     generated so far in its `partial_result` attribute and the run's counters
-    in `partial_stats`."""
+    in `partial_stats`.  pace: None, or a lever.autoregressive.PrefillPace
+    that sizes the prefill chunks of the target (a verifier with
+    `start_chunks`) and of a model drafter, and may stop the prefill between
+    two chunks by raising (how `lever serve` cancels a prefill)."""
     if spec.mode != "ar" and drafter is None:
         raise LeverError(f"mode {spec.mode} needs a drafter (--draft)")
     check_context(len(prompt_ids), max_new_tokens, verifier.max_context, *tree_room(verifier, spec))
@@ -225,12 +228,13 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
     ahead = None
     t_start = time.perf_counter()
     try:
-        verifier.start(prompt_ids)
+        prefill_target(verifier, prompt_ids, pace)
         seed = verifier.seed            # the drafter draws sampled drafts with the target's noise
         result.seed = None if params.greedy else seed
         if drafter is not None:
             drafter.reset(prompt_ids, capacity=kv_tokens(prompt_tokens=len(prompt_ids), new_tokens=max_new_tokens,
-                                                         extra=drafter_rows(spec) + 2))
+                                                         extra=drafter_rows(spec) + 2),
+                          **({"pace": pace} if pace is not None else {}))
         if spec.draft_ahead and drafter is not None and drafter.has_probabilities:
             ahead = DraftAhead(verifier, drafter, params, seed)
             stats.ahead = ahead.stats
@@ -284,6 +288,18 @@ def run_speculative(verifier, drafter: Drafter | None, prompt_ids: list[int], ma
         if probes_before is not None:
             stats.probes = spec.pruner.stats.since(probes_before)
     return result, stats
+
+
+def prefill_target(verifier, prompt_ids: list[int], pace=None) -> None:
+    """`verifier.start(prompt_ids)`, or with a `pace` (lever.autoregressive.
+    PrefillPace) its chunks one by one (`start_chunks`; a verifier without
+    them, e.g. a remote one, prefills in one call)."""
+    chunks = getattr(verifier, "start_chunks", None)
+    if pace is None or chunks is None:
+        verifier.start(prompt_ids)
+        return
+    for _ in chunks(prompt_ids, pace):
+        pass
 
 
 def drafter_rows(spec: SpecConfig) -> int:

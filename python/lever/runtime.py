@@ -287,16 +287,18 @@ class Run:
         return loaded.generate(prompt, drafter=self.drafter, spec=spec, verifier=verifier, **options)
 
     def speculate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams, spec, *,
-                  stop_ids: frozenset[int] = frozenset(), on_token=None):
+                  stop_ids: frozenset[int] = frozenset(), on_token=None, pace=None):
         """(GenerationResult, SpecStats) of one speculative generation of token
         ids on this target with the run's drafter (lever.engine.run_speculative
-        over `verifier`): how `lever serve` decodes a request."""
+        over `verifier`): how `lever serve` decodes a request.  pace: the
+        lever.autoregressive.PrefillPace of its prefill (None: the default chunks)."""
         check_context(len(prompt_ids), max_new_tokens, self.target.config.max_context,
                       *tree_room(self.target, spec))
         verifier = self.verifier(params, capacity=verifier_capacity(len(prompt_ids), max_new_tokens, spec),
                                  pruner=spec.pruner)
         drafter = self.drafter if spec.mode != "ar" else None        # mode ar: the target alone
-        return run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token)
+        return run_speculative(verifier, drafter, prompt_ids, max_new_tokens, params, spec, stop_ids, on_token,
+                               pace=pace)
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int, spec=None) -> None:
         """With --context N: refuse a generation whose prompt, new tokens and

@@ -46,6 +46,9 @@ def add_parser(subparsers) -> None:
                    help="open connections at most; more get a 503 (default 256)")
     p.add_argument("--max-connections-per-ip", type=arg_types.integer(1, 1 << 20), default=64, metavar="N",
                    help="open connections at most from one address (default 64)")
+    p.add_argument("--max-prefill-seconds", type=arg_types.real(0.01, 1e6), default=300.0, metavar="SECONDS",
+                   help="stop a request whose prompt's prefill runs longer, answering 422 prefill_timeout "
+                        "(default 300)")
     add_sampling_options(p, top=True, seed_default=None)
     add_compute_options(p)
     add_cache_dir(p)
@@ -100,7 +103,8 @@ def build_server(args: argparse.Namespace, say=lambda line: None):
                              max_body_bytes=args.max_body_bytes,
                              header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                              max_connections=args.max_connections,
-                             max_connections_per_ip=args.max_connections_per_ip)
+                             max_connections_per_ip=args.max_connections_per_ip,
+                             max_prefill_s=args.max_prefill_seconds)
     except ValueError as e:
         raise LeverError(str(e)) from None
     run = build(config, tree_rows=decode.tree_rows, sampling=True,

@@ -78,9 +78,11 @@ class Drafter(Protocol):
     calibrating into acceptance probabilities); False for prompt lookup, whose
     are frequencies of continuations in the text."""
 
-    def reset(self, prompt_ids: list[int], capacity: int | None = None) -> None:
+    def reset(self, prompt_ids: list[int], capacity: int | None = None, pace=None) -> None:
         """Start a new sequence; the prompt's last token is the first root.
-        capacity: KV rows a model drafter should allocate up front."""
+        capacity: KV rows a model drafter should allocate up front.  pace:
+        None, or the lever.autoregressive.PrefillPace of a model drafter's
+        prefill (the engine passes it only when it has one)."""
 
     @property
     def catch_up_tokens(self) -> int:

@@ -100,14 +100,16 @@ class ModelDrafter:
         """Committed tokens the next forward runs first (root excluded)."""
         return len(self._pending)
 
-    def reset(self, prompt_ids: list[int], capacity: int | None = None) -> None:
+    def reset(self, prompt_ids: list[int], capacity: int | None = None, pace=None) -> None:
         """Start a sequence: prefill all but the prompt's last token.  capacity:
         KV rows to allocate up front (prompt + new tokens + one iteration's
         draft rows, as the engine computes it); the cache still grows between
-        forwards if a run needs more."""
+        forwards if a run needs more.  pace: None, or the
+        lever.autoregressive.PrefillPace that sizes (and may stop) the chunks."""
         self.cache = self.model.new_cache(capacity=capacity or len(prompt_ids) + 512)
         if len(prompt_ids) > 1:
-            prefill(self.model, prompt_ids[:-1], self.cache, head="argmax")
+            prefill(self.model, prompt_ids[:-1], self.cache, head="argmax",
+                    **({"pace": pace} if pace is not None else {}))
         self._pending = []
         self._drop_preloaded()
         self.reused_ahead = 0

@@ -29,7 +29,8 @@ class NgramDrafter:
         self.tokens: list[int] = []     # the committed text, root included
         self._text: np.ndarray | None = None        # self.tokens as an int64 array (None: to rebuild)
 
-    def reset(self, prompt_ids: list[int], capacity: int | None = None) -> None:
+    def reset(self, prompt_ids: list[int], capacity: int | None = None, pace=None) -> None:
+        """Start a sequence (no prefill: `pace` is not needed)."""
         self.tokens = list(prompt_ids)
         self._text = None
 

@@ -52,7 +52,6 @@ import logging
 import os
 import shutil
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Mapping, Sequence
@@ -440,36 +439,6 @@ def default_cache_dir() -> Path:
     return Path(base) / "lever" / "tokenizers"
 
 
-# --------------------------------------------------------------------------- chat templates
-
-
-def _raise_exception(message: str):
-    import jinja2
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    # Jinja's own `tojson` HTML-escapes; chat templates expect plain JSON (as in HF).
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-@lru_cache(maxsize=16)
-def _compile_chat_template(source: str):
-    """A chat template compiled in Jinja's immutable sandbox (templates are untrusted input)."""
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateError as e:
-        raise ModelFormatError(f"the model's chat template does not compile: {e}") from None
-
-
 # --------------------------------------------------------------------------- the tokenizer
 
 
@@ -484,6 +453,7 @@ class Tokenizer:
         self.pad_token_id: int | None = info.pad_token_id
         self.add_bos: bool = info.add_bos
         self.chat_template: str | None = info.chat_template
+        self.template_name = "the model's chat template"     # errors name it; the loaders name its file
         self.vocab_size: int = info.vocab_size
         added = tok.get_added_tokens_decoder()           # id -> AddedToken
         self.special_token_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
@@ -505,17 +475,22 @@ class Tokenizer:
         source = str(getattr(gguf, "path", "GGUF file"))
         if cache_dir is None:
             builder = _GGUFTokenizerBuilder(gguf.metadata, source=source)
-            return cls(builder.build(), builder.special_info())
+            return cls(builder.build(), builder.special_info())._named(source)
         cache = _TokenizerCache(cache_dir)
         key = _source_cache_key(gguf)
         hit = cache.load(key)
         if hit is not None:
-            return cls(*hit)
+            return cls(*hit)._named(source)
         builder = _GGUFTokenizerBuilder(gguf.metadata, source=source)
         info = builder.special_info()
         tok = builder.build()
         cache.store(key, tok, info, builder.pre_name)
-        return cls(tok, info)
+        return cls(tok, info)._named(source)
+
+    def _named(self, source: str) -> "Tokenizer":
+        """This tokenizer, its chat template named after `source` (the model file) in errors."""
+        self.template_name = f"the chat template of {source}"
+        return self
 
     @classmethod
     def from_metadata_file(cls, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> "Tokenizer":
@@ -562,7 +537,7 @@ class Tokenizer:
             vocab_size=tok.get_vocab_size(with_added_tokens=True),
             extra_eos_ids=tuple(i for i in gen_eos if i != eos),
         )
-        return cls(tok, info)
+        return cls(tok, info)._named(str(d))
 
     def fingerprint(self) -> str:
         """A digest of the id <-> token mapping (added tokens included): two
@@ -610,22 +585,19 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                             **kwargs: Any) -> str:
-        """Render a conversation with the model's chat template (Jinja, sandboxed, as HF does).
-        Extra keyword arguments (e.g. `tools`) are passed to the template."""
+        """Render a conversation with the model's chat template (Jinja, sandboxed, as HF does),
+        in a worker process under a time, memory and size budget (lever.model.chat_template).
+        Extra keyword arguments (JSON values, e.g. `tools`) are passed to the template."""
         if self.chat_template is None:
             raise LeverError("this model has no chat template; use a plain prompt (chat=False)")
-        import jinja2
-        template = _compile_chat_template(self.chat_template)
+        from .chat_template import default_renderer
         variables = {
             "bos_token": self.bos_token or "", "eos_token": self.eos_token or "",
             "pad_token": (self.id_to_token(self.pad_token_id) if self.pad_token_id is not None else None) or "",
             **kwargs,
             "messages": [dict(m) for m in messages], "add_generation_prompt": add_generation_prompt,
         }
-        try:
-            return template.render(**variables)
-        except jinja2.TemplateError as e:
-            raise LeverError(f"the model's chat template failed on this conversation: {e}") from None
+        return default_renderer().render(self.chat_template, variables, self.template_name)
 
     def format_prompt(self, prompt: str, chat: bool = True) -> str:
         """`prompt` as a single user turn of the model's chat format (when it has one and `chat`)."""

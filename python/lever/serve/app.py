@@ -13,7 +13,13 @@ ids), GET /v1/models, GET /health (no token needed), GET /metrics
   `stream_options.include_usage` one more chunk carries `usage`.
 - Cancellation: a client that disconnects (streamed or not) cancels its
   request -- dropped if it still waits, stopped at the engine's next token
-  if it runs, its engine state freed either way; /metrics counts it.
+  or prefill chunk if it runs, its engine state freed either way; /metrics
+  counts it.  A prefill longer than `max_prefill_s` is stopped the same way
+  and answered 422 prefill_timeout (lever.serve.generation.PrefillPace).
+- Chat templates render off the event loop, CHAT_THREADS at a time, each
+  in a worker process under a budget (lever.model.chat_template): a failing
+  or hostile template is a 400 chat_template naming it while every other
+  endpoint answers; more than `max_queue` chats waiting to render is a 429.
 - Every response carries `usage` and `speculative`: mode, draft,
   target_passes, drafted, accepted (draft tokens), mean_accepted_length
   (tokens per target pass), acceptance_rate, target ("dram" or "flash"),
@@ -34,6 +40,7 @@ import asyncio
 import secrets
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -43,11 +50,12 @@ from ..http.common import HttpError, client_gone, error_headers, guard_middlewar
 from ..http.connections import ConnectionGuard
 from ..sampling import SamplingParams
 from . import openai_schema as schema
-from .generation import Delta, Generator, Outcome
+from .generation import Delta, Generator, Outcome, PrefillTimeout
 from .generation_queue import Cancelled, GenerationQueue, Job, QueueFull
 from .prom import CONTENT_TYPE, HttpCounters, exposition
 
 OPEN_PATHS = ("/health",)          # answered without a token
+CHAT_THREADS = 2                   # chat requests whose template renders at once (lever.model.chat_template's workers)
 MAX_LOGGED_MODEL_NAMES = 256       # other-model names warned about once each; later new names are not logged
 
 
@@ -62,12 +70,13 @@ class ServeLimits:
     body_timeout_s: float = 30.0
     max_connections: int = 256
     max_connections_per_ip: int = 64
+    max_prefill_s: float = 300.0         # a request's prefill at most (then a 422 prefill_timeout)
 
     def __post_init__(self) -> None:
         for name in ("max_queue", "max_tokens", "max_body_bytes", "max_connections", "max_connections_per_ip"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("header_timeout_s", "body_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "max_prefill_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 
@@ -92,6 +101,8 @@ class OpenAIServer:
         self.connections = ConnectionGuard(None, limits.header_timeout_s, limits.max_connections,
                                            limits.max_connections_per_ip, on_refused=self._refused,
                                            on_timeout=self._timed_out)
+        self.chat_pool = ThreadPoolExecutor(CHAT_THREADS, thread_name_prefix="lever-serve-chat")
+        self.chats_parsing = 0                   # chat requests on (or waiting for) the chat pool
         tokenizer = generator.loaded.tokenizer
         self.served = schema.ServedModel(
             name=model_name, vocab_size=generator.loaded.config.vocab_size, context=generator.context,
@@ -143,7 +154,22 @@ class OpenAIServer:
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, schema.parse_chat(await self._body(request), self.served), "chatcmpl")
+        return await self._generate(request, await self._parse_chat(await self._body(request)), "chatcmpl")
+
+    async def _parse_chat(self, body: dict) -> schema.GenRequest:
+        """parse_chat off the event loop, on the chat pool (CHAT_THREADS threads):
+        the chat template renders in a worker process under its budget
+        (lever.model.chat_template), so a slow or hostile template never
+        stalls other requests; more than max_queue chats waiting there is a 429."""
+        if self.chats_parsing >= CHAT_THREADS + self.limits.max_queue:
+            raise schema.OpenAIError(429, "queue_full", f"the server is busy: {self.chats_parsing} chat requests "
+                                                        f"wait for their template; retry later")
+        self.chats_parsing += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.chat_pool, schema.parse_chat, body,
+                                                                    self.served)
+        finally:
+            self.chats_parsing -= 1
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, schema.parse_completion(await self._body(request), self.served), "cmpl")
@@ -166,7 +192,7 @@ class OpenAIServer:
         is cancelled whenever this handler ends before the job does (the
         client disconnected: aiohttp cancels the handler)."""
         self._note_other_model(req)
-        job = Job(lambda j: self.generator.run(req, j), asyncio.get_running_loop())
+        job = Job(lambda j: self.generator.run(req, j, self.limits.max_prefill_s), asyncio.get_running_loop())
         try:
             self.queue.submit(job)
         except QueueFull as e:
@@ -227,9 +253,12 @@ class OpenAIServer:
         return resp
 
     def _failure(self, e: LeverError) -> HttpError:
-        """A run that ended in `e`: cancelled by the server (shutting down: 503), or failed (500, logged)."""
+        """A run that ended in `e`: cancelled by the server (shutting down: 503), its
+        prefill over --max-prefill-seconds (422), or failed (500, logged)."""
         if isinstance(e, Cancelled):
             return HttpError(503, "cancelled", f"the request was cancelled: {e}")
+        if isinstance(e, PrefillTimeout):
+            return HttpError(422, "prefill_timeout", str(e)[:300], "prompt")
         self.log(f"generation failed: {type(e).__name__}: {e}")
         return HttpError(500, "generation_failed", f"generation failed: {e}"[:300])
 
@@ -242,3 +271,4 @@ class OpenAIServer:
 
     async def _stop(self, app) -> None:
         self.queue.close()
+        self.chat_pool.shutdown(wait=False, cancel_futures=True)

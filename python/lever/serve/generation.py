@@ -13,13 +13,22 @@ left) it raises `Cancelled`, when a stop string appears an internal
 `StopString`; the engine hands back the partial result and counters with
 the exception (`partial_result`, `partial_stats`), so a stopped run is
 counted like any other.
+
+The prefill runs in chunks (`PrefillPace`: SERVE_PREFILL_CHUNK tokens on a
+target in DRAM, PREFILL_CHUNK on a flash target, each of whose forwards
+streams the weights once); before each chunk the run stops with `Cancelled`
+when its client has left, so a disconnect frees the engine within one chunk,
+and with `PrefillTimeout` once the prefill has run longer than the server's
+--max-prefill-seconds.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..autoregressive import PREFILL_CHUNK
 from ..engine import SpecConfig, tree_room
 from ..errors import LeverError
 from ..model.streamed_decoder import StreamedDecoder
@@ -32,8 +41,40 @@ from .prom import EngineCounters
 from .stop_strings import StopScanner
 
 
+SERVE_PREFILL_CHUNK = 128      # prompt tokens per prefill forward on a target in DRAM: a cancelled or
+                               # timed-out prefill stops after at most this many more tokens
+
+
 class StopString(LeverError):
     """Raised from the token callback when a stop string has appeared."""
+
+
+class PrefillTimeout(LeverError):
+    """A request's prefill ran longer than the server allows (--max-prefill-seconds)."""
+
+
+class PrefillPace:
+    """The lever.autoregressive.PrefillPace of one request on the engine
+    thread: chunks of `chunk` tokens; before each, `Cancelled` once `job` is
+    cancelled and `PrefillTimeout` once the prefill (the target's and a draft
+    model's together) has run more than `max_seconds` seconds (None: no
+    limit).  Counts the prompt tokens each chunk runs in `counters.prefill_tokens`."""
+
+    def __init__(self, job: Job, counters: EngineCounters, chunk: int, max_seconds: float | None):
+        self.job, self.counters, self.chunk, self.max_seconds = job, counters, chunk, max_seconds
+        self.started = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> int:
+        """The next chunk's tokens, after `done` of `total` tokens are prefilled."""
+        self.job.check()
+        elapsed = time.monotonic() - self.started
+        if self.max_seconds is not None and elapsed > self.max_seconds:
+            raise PrefillTimeout(
+                f"the prompt's prefill ran past this server's limit of {self.max_seconds:g} s "
+                f"(--max-prefill-seconds): {done} of {total} tokens prefilled in {elapsed:.1f} s; "
+                f"send a shorter prompt")
+        self.counters.prefill_tokens += min(self.chunk, total - done)
+        return self.chunk
 
 
 @dataclass
@@ -81,9 +122,11 @@ class Generator:
             context = min(context, self.kv_limit - self.tree_rows)
         return context
 
-    def run(self, req: GenRequest, job: Job) -> Outcome:
+    def run(self, req: GenRequest, job: Job, max_prefill_s: float | None = None) -> Outcome:
         """Generate `req` (on the engine thread), posting Deltas to `job` when
-        it streams; raises Cancelled once the job is cancelled."""
+        it streams; raises Cancelled once the job is cancelled (between two
+        prefill chunks or two tokens), PrefillTimeout once its prefill has run
+        more than `max_prefill_s` seconds (None: no limit)."""
         tokenizer = self.loaded.tokenizer
         decoder = IncrementalDecoder(tokenizer, skip_special_tokens=True)
         scanner = StopScanner(req.stop)
@@ -107,15 +150,18 @@ class Generator:
 
         result = stats = None
         spec = self.spec_for(req.params)
+        pace = PrefillPace(job, self.counters, PREFILL_CHUNK if self.flash else SERVE_PREFILL_CHUNK, max_prefill_s)
         try:
             result, stats = self.speculate(req.prompt_ids, req.max_tokens, req.params, spec,
-                                           stop_ids=tokenizer.eos_token_ids, on_token=on_token)
+                                           stop_ids=tokenizer.eos_token_ids, on_token=on_token, pace=pace)
             tail = scanner.push(decoder.flush())
             send(tail + scanner.flush())
             finish = "stop" if result.stop_reason == "eos" or scanner.stopped else "length"
-        except (StopString, Cancelled) as e:
+        except (StopString, Cancelled, PrefillTimeout) as e:
             result, stats = getattr(e, "partial_result", None), getattr(e, "partial_stats", None)
-            if isinstance(e, Cancelled):
+            if isinstance(e, PrefillTimeout):
+                self.counters.prefill_timeouts += 1
+            if not isinstance(e, StopString):
                 raise
             self.counters.stop_strings += 1
             finish = "stop"

@@ -26,6 +26,9 @@ class EngineCounters:
     accepted: int = 0
     bytes_read: int = 0
     stop_strings: int = 0             # generations ended by a stop string
+    prefill_tokens: int = 0           # prompt tokens run by prefill chunks (target and draft model; a
+                                      # stopped prefill counts the chunks it ran)
+    prefill_timeouts: int = 0         # generations stopped by --max-prefill-seconds
 
     def add(self, prompt_tokens: int, new_tokens: int, stats) -> None:
         """Count one run; `stats` is its lever.engine.SpecStats (None: not started)."""
@@ -86,6 +89,11 @@ def exposition(http: HttpCounters, engine: EngineCounters, queue, uptime_s: floa
     m("lever_serve_stop_string_finishes_total", "counter", "generations ended by one of their stop strings",
       [({}, engine.stop_strings)])
     m("lever_serve_prompt_tokens_total", "counter", "prompt tokens prefilled", [({}, engine.prompt_tokens)])
+    m("lever_serve_prefill_chunk_tokens_total", "counter",
+      "prompt tokens run by prefill chunks, target and draft model (a stopped prefill counts the chunks it ran)",
+      [({}, engine.prefill_tokens)])
+    m("lever_serve_prefill_timeouts_total", "counter", "generations stopped by --max-prefill-seconds",
+      [({}, engine.prefill_timeouts)])
     m("lever_serve_tokens_generated_total", "counter", "tokens generated", [({}, engine.tokens_generated)])
     m("lever_serve_target_passes_total", "counter", "target passes (verifications)", [({}, engine.target_passes)])
     m("lever_serve_drafted_tokens_total", "counter", "draft tokens sent to the target", [({}, engine.drafted)])

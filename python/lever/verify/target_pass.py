@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..autoregressive import PREFILL_CHUNK, prefill_chunk
+from ..autoregressive import PREFILL_CHUNK, PrefillPace, chunk_size, prefill_chunk
 from ..errors import LeverError
 from ..model.streamed_decoder import StreamedDecoder
 from ..sampling import SamplingParams, head_for, resolve_seed
@@ -134,21 +134,25 @@ class TargetVerifier:
         for _ in self.start_chunks(prompt_ids):
             pass
 
-    def start_chunks(self, prompt_ids: list[int], chunk_tokens: int = PREFILL_CHUNK) -> Iterator[int]:
+    def start_chunks(self, prompt_ids: list[int], chunk_tokens: "PrefillPace | int" = PREFILL_CHUNK) -> Iterator[int]:
         """Prefill the prompt one forward of at most `chunk_tokens` tokens per
-        step; yields the prompt tokens prefilled so far after each step, so a
-        server can run other sessions' rounds between the chunks.  The
-        sequence is ready (`root` set) once the iterator is exhausted."""
+        step (or of the size a `PrefillPace` gives before each step); yields
+        the prompt tokens prefilled so far after each step, so a server can
+        run other sessions' rounds between the chunks.  The sequence is ready
+        (`root` set) once the iterator is exhausted."""
         if not prompt_ids:
             raise LeverError("the prompt is empty (0 tokens)")
-        if chunk_tokens < 1:
+        if isinstance(chunk_tokens, int) and chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         self.root = None
         self.cache.truncate(0)
         body = list(prompt_ids[:-1])
-        for start in range(0, len(body), chunk_tokens):
-            prefill_chunk(self.target, body[start:start + chunk_tokens], start, self.cache, head="argmax")
-            yield start + len(body[start:start + chunk_tokens])
+        start = 0
+        while start < len(body):
+            piece = body[start:start + chunk_size(chunk_tokens, start, len(body))]
+            prefill_chunk(self.target, piece, start, self.cache, head="argmax")
+            start += len(piece)
+            yield start
         self.root = int(prompt_ids[-1])
 
     def verify(self, tree: TokenTree, draft_probs: np.ndarray | None = None) -> Verdict:
