@@ -21,7 +21,6 @@ inherited it ignored.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import threading
@@ -85,7 +84,8 @@ class StopSignals:
     `installed` is False where the loop cannot have signal handlers (another
     thread, no POSIX signals)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop):
+        import asyncio
         self.loop = loop
         self.first, self.again = asyncio.Event(), asyncio.Event()
         self.name: str | None = None
@@ -117,6 +117,8 @@ class StopSignals:
 def wait_for_stop_signal() -> str:
     """Block the main thread until SIGINT or SIGTERM comes; returns its name.
     Where an event loop cannot handle signals, waits for KeyboardInterrupt."""
+    import asyncio
+
     async def wait() -> str | None:
         signals = StopSignals(asyncio.get_running_loop())
         if not signals.installed:

@@ -249,13 +249,18 @@ def test_connections_over_the_cap_get_503_but_health_and_metrics_are_answered(ti
         assert status_of(answer) == 200 and json.loads(answer.partition(b"\r\n\r\n")[2])["connections"]["refused"] == 1
         assert status_of(raw_exchange(running.port, request_bytes("GET", "/v1/metrics"))) == 401    # still a token
         assert status_of(raw_exchange(running.port, request_bytes("POST", "/v1/health"))) == 503    # GET or HEAD only
+        assert status_of(raw_exchange(running.port, b"G" * 9000)) == 503         # no request line in 8 KiB
+        silent = socket.create_connection(("127.0.0.1", running.port))          # beyond the cap, sends nothing:
+        wait_until(lambda: len(guard.extra) == 1, 10, "the server to screen the silent connection")
+        assert closed_by_server(silent, 15.0)                                    # the header deadline (5 s)
+        silent.close()
         for sock in held:
             sock.close()
         wait_until(lambda: not guard.open and not guard.extra, 10, "the server to see the connections closed")
         raw = Raw(running.url, TOKEN)
         assert raw("GET", "/v1/info")[0] == 200
         metrics = raw("GET", "/v1/metrics")[1]
-        assert metrics["connections"]["refused"] == 2 and metrics["statuses"]["503"] == 2
+        assert metrics["connections"]["refused"] == 3 and metrics["statuses"]["503"] == 3
 
 
 def test_idle_keepalive_connections_are_closed_and_leave_the_cap(tiny_pair):
