@@ -5,7 +5,7 @@ Every child here starts with SIGINT and SIGTERM ignored, as a background job
 of a non-interactive shell starts with SIGINT ignored (`bash -c 'cmd &'`):
 through IGNORING, a wrapper that ignores both and then execs the command.
 Each must still stop on either signal within its bound: a server's drain
-(`--drain-seconds`, then at most FINAL_GRACE_S twice), at once for netem
+(`--drain-seconds`, then at most FINAL_GRACE_S three times), at once for netem
 and for `lever generate` (exit 128 + the signal).
 
 The servers listen on 127.0.0.1 only; waits are for lines, ports and exits
@@ -52,7 +52,7 @@ def test_the_wrapper_really_ignores_both_signals():
 
 def drain_bound(drain_s: float) -> float:
     """Seconds within which a server exits after the first signal (lever.http.shutdown), with room to exit."""
-    return drain_s + 2 * FINAL_GRACE_S + 5
+    return drain_s + 3 * FINAL_GRACE_S + 5
 
 
 class Server:

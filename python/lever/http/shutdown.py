@@ -13,11 +13,14 @@ The drain (`drain`):
    cancelled (`cancel_work`: `lever serve` stops its generations, whose
    streams end with an error chunk and `data: [DONE]`) and get
    FINAL_GRACE_S seconds more to send that last answer;
-4. the runner's cleanup closes what is left (aiohttp cancels the handlers
-   after its shutdown timeout, FINAL_GRACE_S too).
+4. the runner's cleanup closes what is left: aiohttp waits for a handler
+   still running up to its shutdown timeout (FINAL_GRACE_S), cancels it,
+   and waits for that up to FINAL_GRACE_S again.
 
-So the process exits at most about drain_s + 2 * FINAL_GRACE_S seconds
-after the first signal.  Each step is logged on one line.
+So the process exits at most about drain_s + 3 * FINAL_GRACE_S seconds
+after the first signal, plus, for `lever serve-verifier`, the end of a
+target pass running on its compute thread (one pass, not interrupted).
+Each step is logged on one line.
 """
 
 from __future__ import annotations
