@@ -4,7 +4,9 @@
   never a 500; an unexpected exception is a counted 500 with a JSON body,
   logged once;
 - every answer's status is counted in /v1/metrics, aiohttp's own 400s too;
-- slow clients are cut off (headers, body), connections are capped;
+- slow clients are cut off (headers, body), connections are capped (the
+  health check and metrics answered beyond the cap), idle keep-alive
+  connections closed; the auth scheme is case-insensitive;
 - a long prefill runs in chunks: another session's round is not stuck behind it;
 - an open whose client went away frees its slot;
 - the server's token file must be long enough and private.
@@ -205,9 +207,8 @@ def test_slow_headers_are_cut_off(hardened):
         sock.close()
     metrics = raw("GET", "/v1/metrics")[1]
     assert metrics["connections"]["timed_out"] >= 6
-    # a keep-alive connection that sends complete requests is not cut off between them, however
-    # long it idles (each pause is longer than the 0.5 s header deadline; a loaded machine only
-    # lengthens it)
+    # a keep-alive connection that sends complete requests is not cut off between them by the
+    # header deadline (each pause is longer than its 0.5 s, shorter than the 5 s keep-alive timeout)
     sock = socket.create_connection(("127.0.0.1", running.port), timeout=deadline(5))
     for _ in range(3):
         sock.sendall(request_bytes("GET", "/v1/health"))
@@ -233,21 +234,65 @@ def test_slow_body_gets_408(hardened):
     assert raw("GET", "/v1/metrics")[1]["statuses"]["408"] == 1
 
 
-def test_connections_over_the_cap_get_503(tiny_pair):
+def test_connections_over_the_cap_get_503_but_health_and_metrics_are_answered(tiny_pair):
     server = make_server(tiny_pair[0], max_connections_per_ip=4, header_timeout_s=5)
     with ServerThread(server) as running:
         guard = running.server.connections
         held = [socket.create_connection(("127.0.0.1", running.port)) for _ in range(4)]
         wait_until(lambda: len(guard.open) == 4, 10, "the server to hold the four connections")
-        answer = raw_exchange(running.port, request_bytes("GET", "/v1/health"))
+        answer = raw_exchange(running.port, request_bytes("GET", "/v1/info", headers={"Authorization": f"Bearer {TOKEN}"}))
         assert status_of(answer) == 503 and b"too_many_connections" in answer
+        # the health check and the metrics are answered beyond the cap, on a connection closed after them
+        answer = raw_exchange(running.port, request_bytes("GET", "/v1/health"))
+        assert status_of(answer) == 200 and b"connection: close" in answer.lower(), answer[:300]
+        answer = raw_exchange(running.port, request_bytes("GET", "/v1/metrics", headers={"Authorization": f"Bearer {TOKEN}"}))
+        assert status_of(answer) == 200 and json.loads(answer.partition(b"\r\n\r\n")[2])["connections"]["refused"] == 1
+        assert status_of(raw_exchange(running.port, request_bytes("GET", "/v1/metrics"))) == 401    # still a token
+        assert status_of(raw_exchange(running.port, request_bytes("POST", "/v1/health"))) == 503    # GET or HEAD only
+        assert status_of(raw_exchange(running.port, b"G" * 9000)) == 503         # no request line in 8 KiB
+        silent = socket.create_connection(("127.0.0.1", running.port))          # beyond the cap, sends nothing:
+        wait_until(lambda: len(guard.extra) == 1, 10, "the server to screen the silent connection")
+        assert closed_by_server(silent, 15.0)                                    # the header deadline (5 s)
+        silent.close()
         for sock in held:
             sock.close()
-        wait_until(lambda: not guard.open, 10, "the server to see the four connections closed")
+        wait_until(lambda: not guard.open and not guard.extra, 10, "the server to see the connections closed")
         raw = Raw(running.url, TOKEN)
-        assert raw("GET", "/v1/health")[0] == 200
+        assert raw("GET", "/v1/info")[0] == 200
         metrics = raw("GET", "/v1/metrics")[1]
-        assert metrics["connections"]["refused"] == 1 and metrics["statuses"]["503"] == 1
+        assert metrics["connections"]["refused"] == 3 and metrics["statuses"]["503"] == 3
+
+
+def test_idle_keepalive_connections_are_closed_and_leave_the_cap(tiny_pair):
+    """Connections idle between requests go after the keep-alive timeout; those over the cap got a
+    503 meanwhile (the reproducer: 64 idle keep-alive connections held for good)."""
+    server = make_server(tiny_pair[0], max_connections_per_ip=4, keepalive_timeout_s=0.5)
+    with ServerThread(server) as running:
+        guard = running.server.connections
+        idle = [socket.create_connection(("127.0.0.1", running.port), timeout=deadline(10)) for _ in range(4)]
+        for sock in idle:
+            sock.sendall(request_bytes("GET", "/v1/health"))
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert len(guard.open) == 4
+        info = request_bytes("GET", "/v1/info", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert status_of(raw_exchange(running.port, info)) == 503
+        for sock in idle:
+            assert closed_by_server(sock, 5.0)
+            sock.close()
+        wait_until(lambda: not guard.open, 10, "the idle connections to leave the cap")
+        assert status_of(raw_exchange(running.port, info)) == 200
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "bEaReR"])
+def test_the_auth_scheme_is_case_insensitive(hardened, scheme):
+    """RFC 7235: the scheme is a case-insensitive token (the reproducer: `bearer TOKEN` got 401)."""
+    running, _, _ = hardened
+    answer = raw_exchange(running.port, request_bytes("GET", "/v1/info", headers={"Authorization": f"{scheme} {TOKEN}"}))
+    assert status_of(answer) == 200, answer[:300]
+    answer = raw_exchange(running.port, request_bytes("GET", "/v1/info", headers={"Authorization": f"{scheme} wrong"}))
+    assert status_of(answer) == 403
+    answer = raw_exchange(running.port, request_bytes("GET", "/v1/info", headers={"Authorization": f"Basic {TOKEN}"}))
+    assert status_of(answer) == 401
 
 
 # -- chunked prefill, abandoned opens ----------------------------------------------------------

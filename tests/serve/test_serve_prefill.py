@@ -152,8 +152,10 @@ def test_a_prefill_over_max_prefill_seconds_is_a_422_and_the_server_goes_on(smol
         with pytest.raises(openai.APIError, match="prefill_timeout|--max-prefill-seconds"):
             for _ in c.completions.create(model=NAME, prompt=prompt, max_tokens=2, stream=True):
                 pass
-        m = metrics(site)
-        assert m["lever_serve_prefill_timeouts_total"] == 2 and m["lever_serve_active_generations"] == 0
+        # the stream's error chunk and [DONE] can reach the client before the run has counted itself out
+        m = wait_for(lambda: (lambda m: m if m["lever_serve_active_generations"] == 0 else None)(metrics(site)),
+                     what="the timed-out run to end")
+        assert m["lever_serve_prefill_timeouts_total"] == 2
         # a prompt of one token has nothing to prefill: answered under any limit
         assert c.completions.create(model=NAME, prompt=prompt[:1], max_tokens=2).usage.completion_tokens == 2
     finally:

@@ -97,6 +97,9 @@ def size(text: str) -> int:
     byte count, from 1 byte to MAX_SIZE_BYTES."""
     from ..errors import LeverError
     from ..values import parse_size
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"a size must be positive (from 1 byte to {MAX_SIZE_BYTES >> 40} TiB), "
+                                         f"got {_short(text)}")
     try:
         value = parse_size(_number_text(text))
     except LeverError as e:

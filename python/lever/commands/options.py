@@ -227,3 +227,13 @@ def add_server_address(p, *, port: int, token_help: str) -> None:
     p.add_argument("--token-file", type=arg_types.name, default=None, metavar="F",
                    help="file holding the bearer token clients must send " + token_help
                         + ": at least 16 printable ASCII characters, readable by its owner only (chmod 600)")
+
+
+def add_keepalive_and_drain(p) -> None:
+    """--keepalive-timeout and --drain-seconds of a server (`lever serve`, `lever serve-verifier`)."""
+    p.add_argument("--keepalive-timeout", type=arg_types.real(0.01, 3600), default=5.0, metavar="SECONDS",
+                   help="close a keep-alive connection idle this long between requests (default 5)")
+    p.add_argument("--drain-seconds", type=arg_types.real(0.0, 3600), default=10.0, metavar="SECONDS",
+                   help="on SIGINT or SIGTERM, give running requests this long to finish, then cancel them "
+                        "(a stream ends with an error chunk and [DONE]); a second signal cancels them at once "
+                        "(default 10)")

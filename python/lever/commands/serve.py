@@ -14,9 +14,9 @@ from ..engine import SpecConfig
 from ..errors import LeverError
 from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
-from .options import (add_cache_dir, add_compute_options, add_context, add_dram_budget, add_max_new_tokens,
-                      add_reader_options, add_reprofile, add_sampling_options, add_server_address, add_spec_options,
-                      add_target_store)
+from .options import (add_cache_dir, add_compute_options, add_context, add_dram_budget, add_keepalive_and_drain,
+                      add_max_new_tokens, add_reader_options, add_reprofile, add_sampling_options, add_server_address,
+                      add_spec_options, add_target_store)
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -49,6 +49,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-prefill-seconds", type=arg_types.real(0.01, 1e6), default=300.0, metavar="SECONDS",
                    help="stop a request whose prompt's prefill runs longer, answering 422 prefill_timeout "
                         "(default 300)")
+    add_keepalive_and_drain(p)
     add_sampling_options(p, top=True, seed_default=None)
     add_compute_options(p)
     add_cache_dir(p)
@@ -104,7 +105,8 @@ def build_server(args: argparse.Namespace, say=lambda line: None):
                              header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                              max_connections=args.max_connections,
                              max_connections_per_ip=args.max_connections_per_ip,
-                             max_prefill_s=args.max_prefill_seconds)
+                             max_prefill_s=args.max_prefill_seconds,
+                             keepalive_timeout_s=args.keepalive_timeout)
     except ValueError as e:
         raise LeverError(str(e)) from None
     run = build(config, tree_rows=decode.tree_rows, sampling=True,
@@ -121,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
         import aiohttp  # noqa: F401
     except ImportError:
         raise LeverError("lever serve needs aiohttp: pip install 'lever-llm[server]'") from None
+    from ..http.address import base_url, is_loopback
     from ..serve.site import serve_forever
-    from .serve_verifier import is_loopback
 
     if args.token_file is None and not is_loopback(args.host):
         raise LeverError(f"refusing to serve on {args.host} without authentication: pass --token-file F "
@@ -137,13 +139,14 @@ def run(args: argparse.Namespace) -> int:
     gen = server.generator
 
     def ready(port: int) -> None:
-        say(f"serving {server.model_name} at http://{args.host}:{port}/v1 (mode {gen.mode}"
+        url = base_url("http", args.host, port) + "/v1"
+        say(f"serving {server.model_name} at {url} (mode {gen.mode}"
             f"{f', draft {gen.draft}' if gen.draft else ''}; context {gen.context} tokens; queue "
             f"{server.limits.max_queue}; {'bearer token' if server.token else 'no authentication, loopback only'})")
-        print(f"http://{args.host}:{port}/v1", flush=True)
+        print(url, flush=True)
 
     try:
-        serve_forever(server, args.host, args.port, on_ready=ready)
+        serve_forever(server, args.host, args.port, on_ready=ready, drain_s=args.drain_seconds)
     except OSError as e:
         raise LeverError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}") from None
     return 0

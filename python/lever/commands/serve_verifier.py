@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
-import socket
 import stat
 import sys
 from dataclasses import replace
@@ -14,9 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LeverError
+from ..http.address import base_url, is_loopback
 from . import arg_types
 from .limits import MAX_IDLE_TTL_S, MAX_NEW_TOKENS, MAX_SESSIONS, MAX_TREE_NODES
-from .options import add_cache_dir, add_compute_options, add_dram_budget, add_reader_options, add_server_address
+from .options import (add_cache_dir, add_compute_options, add_dram_budget, add_keepalive_and_drain,
+                      add_reader_options, add_server_address)
 
 VERIFY_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 MIN_TOKEN_BYTES = 16
@@ -55,6 +55,7 @@ def add_parser(subparsers) -> None:
                    help="open connections at most; more get a 503 (default 256)")
     p.add_argument("--max-connections-per-ip", type=arg_types.integer(1, 1 << 20), default=64, metavar="N",
                    help="open connections at most from one address (default 64)")
+    add_keepalive_and_drain(p)
     p.add_argument("--batch-window-ms", type=arg_types.real(0.0, 10_000.0), default=5.0, metavar="MS",
                    help="verify the rounds of different sessions that arrive within this many milliseconds (and "
                         "while a pass runs) in one target pass, each exactly as alone; 0 = one round per pass "
@@ -98,15 +99,6 @@ def read_server_token(path: str) -> str:
         raise LeverError(f"--token-file {path}: readable by other users (mode {stat.S_IMODE(mode):o}); "
                          f"chmod 600 {path}")
     return token
-
-
-def is_loopback(host: str) -> bool:
-    """True if every address `host` resolves to is a loopback address."""
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except socket.gaierror as e:
-        raise LeverError(f"--host {host}: cannot be resolved ({e})") from None
-    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 def load_target(args):
@@ -189,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
                         max_tree_nodes=args.max_tree_nodes, idle_ttl_s=args.idle_ttl,
                         max_body_bytes=args.max_body_bytes, prefill_chunk=args.prefill_chunk,
                         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                        max_connections=args.max_connections, max_connections_per_ip=args.max_connections_per_ip)
+                        max_connections=args.max_connections, max_connections_per_ip=args.max_connections_per_ip,
+                        keepalive_timeout_s=args.keepalive_timeout)
     except ValueError as e:
         raise LeverError(str(e)) from None
 
@@ -211,13 +204,13 @@ def run(args: argparse.Namespace) -> int:
                                  batch_window_s=args.batch_window_ms / 1e3, max_batch_trees=args.max_batch_trees)
 
     def ready(port: int) -> None:
-        say(f"serving {name} on {'https' if tls else 'http'}://{args.host}:{port} (protocol v1, "
+        say(f"serving {name} on {base_url('https' if tls else 'http', args.host, port)} (protocol v1, "
             f"{'bearer token' if token else 'no authentication, loopback only'}; up to {limits.max_sessions} "
             f"sessions of {server.session_capacity} tokens, trees of {limits.max_tree_nodes} nodes; "
             f"{batch_words(server)})")
 
     try:
-        serve_forever(server, args.host, args.port, on_ready=ready, ssl_context=tls)
+        serve_forever(server, args.host, args.port, on_ready=ready, ssl_context=tls, drain_s=args.drain_seconds)
     except OSError as e:
         raise LeverError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}") from None
     return 0

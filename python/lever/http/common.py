@@ -2,8 +2,8 @@
 `lever serve`): the bearer-token check, bounded reading of a request body,
 the middleware that authenticates and maps failures to JSON answers, a TCP
 site whose connections pass the ConnectionGuard (`start_guarded_site`), and a
-site on a background thread (`SiteThread`) or in the foreground until
-interrupted (`serve_until_interrupted`).
+site on a background thread (`SiteThread`); serving in the foreground until
+SIGINT or SIGTERM, with its drain, is shutdown.py's.
 
 Both raise `HttpError` (error.py: an HTTP status, a short machine code, a message);
 each server maps it to its own error body.  Sizes are bytes, times seconds.
@@ -21,23 +21,25 @@ import traceback
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from .address import base_url
 from .connections import ConnectionGuard
 from .error import HttpError
 from .logs import OneLineLog
+from .shutdown import FINAL_GRACE_S
 
 BODY_CHUNK_BYTES = 1 << 16          # bytes read from the body per step
-KEEPALIVE_S = 75.0                  # an idle keep-alive connection is closed after this many seconds
 
 
 def check_bearer(header: str | None, token: str | None) -> None:
     """Check an Authorization header against the server's `token` (None: no
-    authentication).  401 without a usable token (none, or bytes that are not
-    printable ASCII -- no valid token has them), 403 with a wrong one.
+    authentication).  The scheme is case-insensitive (RFC 7235: "bearer"
+    works as "Bearer").  401 without a usable token (none, or bytes that are
+    not printable ASCII -- no valid token has them), 403 with a wrong one.
     Compared in constant time, as bytes."""
     if token is None:
         return
-    header = header or ""
-    presented = header[7:].strip() if header.startswith("Bearer ") else ""
+    scheme, _, rest = (header or "").strip().partition(" ")
+    presented = rest.strip() if scheme.lower() == "bearer" else ""
     if not presented or not presented.isascii() or not presented.isprintable():
         raise HttpError(401, "unauthorized", "this server needs 'Authorization: Bearer <token>' (printable ASCII)")
     if not hmac.compare_digest(presented.encode("ascii"), token.encode("ascii")):
@@ -76,17 +78,17 @@ def guard_middleware(connections, token: str | None, open_paths: tuple[str, ...]
     """An aiohttp middleware doing what every request of a Lever server
     needs: the ConnectionGuard's bookkeeping (`connections`, see
     connections.py), the bearer check (`check_bearer`; paths in `open_paths`
-    need no token), and every failure as a JSON answer built by
+    need no token), a 503 (`shutting_down`) for every request once the
+    server drains (shutdown.py), and every failure as a JSON answer built by
     `error_response(HttpError)`: an HttpError as it is, aiohttp's own 4xx
     (unknown path, wrong method) with its status, anything else a 500 that
-    is `log`ged once (one line)."""
+    is `log`ged once (one line).  The connection is closed after the answer
+    while draining, and after a request served beyond the connection limits."""
 
-    @web.middleware
-    async def guard(request: web.Request, handler):
-        conn = connections.watch(request.transport)
-        if conn is not None:
-            conn.request_started(has_body=request.can_read_body)
+    async def answer(request: web.Request, handler) -> web.StreamResponse:
         try:
+            if connections.draining:
+                raise HttpError(503, "shutting_down", "the server is shutting down; retry later")
             if request.path not in open_paths:
                 check_bearer(request.headers.get("Authorization"), token)
             return await handler(request)
@@ -102,9 +104,20 @@ def guard_middleware(connections, token: str | None, open_paths: tuple[str, ...]
             log(f"internal error in {request.method} {request.path}: {type(e).__name__}: {e} "
                 f"(at {where.filename}:{where.lineno})")
             return error_response(HttpError(500, "internal", f"the server failed ({type(e).__name__})"))
+
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        conn = connections.watch(request.transport)
+        if conn is not None:
+            conn.request_started(has_body=request.can_read_body)
+        try:
+            resp = await answer(request, handler)
         finally:
             if conn is not None:
                 conn.request_finished()
+        if connections.draining or (conn is not None and conn.beyond):
+            resp.force_close()
+        return resp
 
     return guard
 
@@ -159,9 +172,13 @@ async def start_guarded_site(app: web.Application, connections: ConnectionGuard,
                              access_log, logger: logging.Logger) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (0: any free port) through the ConnectionGuard
     `connections`, over TLS when `ssl_context` is given; `access_log_class` /
-    `access_log` count the answers.  Returns the runner and the bound port."""
+    `access_log` count the answers.  An idle keep-alive connection is closed
+    after `connections.keepalive_timeout_s` seconds; at cleanup, handlers
+    still running are cancelled after FINAL_GRACE_S seconds (the drain before
+    it is shutdown.py's).  Returns the runner and the bound port."""
     runner = web.AppRunner(app, access_log_class=access_log_class, access_log=access_log, logger=logger,
-                           lingering_time=0, keepalive_timeout=KEEPALIVE_S, handler_cancellation=True)
+                           lingering_time=0, keepalive_timeout=connections.keepalive_timeout_s,
+                           handler_cancellation=True, shutdown_timeout=FINAL_GRACE_S)
     await runner.setup()
     site = GuardedSite(runner, connections, host, port, ssl_context, header_timeout_s)
     await site.start()
@@ -182,7 +199,7 @@ class SiteThread:
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}"
+        return base_url(self.scheme, self.host, self.port)
 
     def start(self) -> "SiteThread":
         ready = threading.Event()
@@ -218,21 +235,3 @@ class SiteThread:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def serve_until_interrupted(start_site, on_ready=None) -> None:
-    """Run `start_site()` (a coroutine function returning (runner, bound
-    port)) until Ctrl-C / SIGTERM; on_ready(port) once it listens."""
-    async def main() -> None:
-        runner, bound = await start_site()
-        if on_ready is not None:
-            on_ready(bound)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass

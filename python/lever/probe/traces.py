@@ -305,6 +305,9 @@ class Traces:
 def read_meta(trace_dir) -> dict:
     """meta.json of a trace directory, checked; TraceError otherwise."""
     d = Path(trace_dir)
+    if d.exists() and not d.is_dir():
+        raise TraceError(f"{d}: is a file, not a trace directory (--traces takes the directory that "
+                         f"`lever probe record --out DIR` wrote)")
     if not d.is_dir():
         raise TraceError(f"{d}: no such trace directory (record one with `lever probe record`)")
     path = d / META

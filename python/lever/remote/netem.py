@@ -41,13 +41,13 @@ import asyncio
 import math
 import numbers
 import random
-import signal
 import socket
 import struct
 import threading
-import time
 import urllib.parse
 from typing import Optional
+
+from ..signals import Stopped, stop_handlers, wait_for_stop_signal
 
 CHUNK_BYTES = 64 * 1024
 UP = "up"      # client -> server
@@ -431,31 +431,24 @@ def main(argv: Optional[list] = None) -> int:
                           listen_port=args.listen_port)
     except ValueError as error:
         parser.error(str(error))
-    # Ctrl-C / SIGTERM are blocked before the proxy's thread starts (it inherits the mask) and
-    # then waited for: one that comes early stays pending instead of interrupting the set-up,
-    # and the stop is the same whenever it comes (close the listener, reset open links, join).
-    stop_signals = {signal.SIGINT, signal.SIGTERM}
-    waits = hasattr(signal, "sigwait")
-    if waits:
-        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    try:
+    # SIGINT / SIGTERM stop it whatever dispositions it inherited (a background job of a script
+    # starts with SIGINT ignored): explicit handlers, a signal during the set-up raising Stopped,
+    # then a wait that wakes whichever thread the signal is delivered to (lever.signals); the stop
+    # is the same whenever it comes (close the listener, reset open links, join).
+    with stop_handlers():
         try:
-            proxy.start()
-        except OSError as error:
-            parser.exit(1, f"netem: cannot listen on {args.listen_host}:{args.listen_port}: "
-                           f"{error}\n")
-        print(f"netem: listening on {proxy.url} -> {args.upstream} "
-              f"(rtt {args.rtt_ms:g} ms, loss {args.loss:g}); Ctrl-C to stop", flush=True)
-        if waits:
-            signal.sigwait(stop_signals)
-        else:                                   # no sigwait (not POSIX): Ctrl-C as an exception
             try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
-    finally:
-        proxy.close()
+                proxy.start()
+            except OSError as error:
+                parser.exit(1, f"netem: cannot listen on {args.listen_host}:{args.listen_port}: "
+                               f"{error}\n")
+            print(f"netem: listening on {proxy.url} -> {args.upstream} "
+                  f"(rtt {args.rtt_ms:g} ms, loss {args.loss:g}); Ctrl-C to stop", flush=True)
+            wait_for_stop_signal()
+        except Stopped:
+            pass
+        finally:
+            proxy.close()
     return 0
 
 

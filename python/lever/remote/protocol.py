@@ -83,13 +83,14 @@ class Limits:
     body_timeout_s: float = 30.0       # ... and its body this soon after its headers
     max_connections: int = 256         # open connections at most, all clients together
     max_connections_per_ip: int = 64   # open connections at most from one address
+    keepalive_timeout_s: float = 5.0   # an idle keep-alive connection is closed after this long
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_session_tokens", "max_tree_nodes", "max_body_bytes", "prefill_chunk",
                      "max_connections", "max_connections_per_ip"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("idle_ttl_s", "header_timeout_s", "body_timeout_s"):
+        for name in ("idle_ttl_s", "header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 

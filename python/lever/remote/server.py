@@ -20,7 +20,11 @@ hosts a target and verifies the trees edge clients send (protocol.py).
   is read (a chunked one once the limit is passed), and the connection closed.
 - Slow clients are cut off: request headers must be complete within
   `header_timeout_s` (connections.py), a body within `body_timeout_s` (408);
-  connections over `max_connections` (or `max_connections_per_ip`) get a 503.
+  connections over `max_connections` (or `max_connections_per_ip`) get a 503,
+  but /v1/health and /v1/metrics are answered beyond them; an idle
+  keep-alive connection is closed after `keepalive_timeout_s`.
+- SIGINT or SIGTERM drain the server (lever.http.shutdown): new requests get
+  503, running ones get `--drain-seconds` to finish, then are cancelled.
 - Sessions idle longer than the TTL are closed by a reaper task.
 - Bad input gets a 4xx and never touches other sessions; an unexpected
   failure inside a session closes that session only (its client rebuilds it);
@@ -40,13 +44,17 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from ..http.common import (HttpError, SiteThread, client_gone, error_headers, guard_middleware, http_logger,
-                           read_body, serve_until_interrupted, start_guarded_site)
+                           read_body, start_guarded_site)
 from ..http.connections import ConnectionGuard
+from ..http.shutdown import DEFAULT_DRAIN_S, serve_until_stopped
 from ..http.logs import StatusCounter
 from .batcher import PassStats, TreeBatcher, Waiting, batching_unsupported, verify_batch
 from .metrics import Metrics
 from .protocol import VERSION, Limits, ProtocolError, decode, encode, parse_open, parse_round
 from .session import VerifierSession
+
+OPEN_PATHS = ("/v1/health",)                     # answered without a token
+UNCAPPED_PATHS = ("/v1/health", "/v1/metrics")   # answered beyond the connection limits (GET, HEAD)
 
 
 
@@ -94,7 +102,8 @@ class VerifierServer:
         self.http_log = http_logger(f"lever.serve-verifier.{id(self)}", self.log)
         self.connections = ConnectionGuard(None, limits.header_timeout_s, limits.max_connections,
                                            limits.max_connections_per_ip, on_refused=self._refused,
-                                           on_timeout=self._timed_out)
+                                           on_timeout=self._timed_out, open_paths=UNCAPPED_PATHS,
+                                           keepalive_timeout_s=limits.keepalive_timeout_s)
         self._reaper: asyncio.Task | None = None
 
     @property
@@ -108,7 +117,7 @@ class VerifierServer:
     # -- the application ----------------------------------------------------------------
 
     def app(self) -> web.Application:
-        guard = guard_middleware(self.connections, self.token, ("/v1/health",), self._refuse, self.log)
+        guard = guard_middleware(self.connections, self.token, OPEN_PATHS, self._refuse, self.log)
         app = web.Application(middlewares=[guard], client_max_size=self.limits.max_body_bytes)
         app.router.add_get("/v1/health", self.health)
         app.router.add_get("/v1/info", self.info)
@@ -356,6 +365,12 @@ class VerifierServer:
         self.metrics.sessions_expired += len(stale)
         return len(stale)
 
+    def cancel_work(self) -> None:
+        """At the drain's end: nothing to stop here -- a round is one target
+        pass (or prefill chunk) on the compute thread; the runner's cleanup
+        then cancels the handlers still waiting (their clients retry
+        elsewhere or later)."""
+
     async def _stop(self, app) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
@@ -424,9 +439,10 @@ async def start_site(server: VerifierServer, host: str, port: int,
 
 
 def serve_forever(server: VerifierServer, host: str, port: int, on_ready=None,
-                  ssl_context: ssl.SSLContext | None = None) -> None:
-    """Serve until interrupted (Ctrl-C / SIGTERM)."""
-    serve_until_interrupted(lambda: start_site(server, host, port, ssl_context), on_ready)
+                  ssl_context: ssl.SSLContext | None = None, drain_s: float = DEFAULT_DRAIN_S) -> None:
+    """Serve until SIGINT or SIGTERM, then drain for at most `drain_s` seconds (lever.http.shutdown)."""
+    serve_until_stopped(lambda: start_site(server, host, port, ssl_context), server.connections,
+                        server.cancel_work, server.log, drain_s, on_ready)
 
 
 class ServerThread(SiteThread):

@@ -31,7 +31,13 @@ ids), GET /v1/models, GET /health (no token needed), GET /metrics
   MAX_LOGGED_MODEL_NAMES names, so a client cannot grow the set without end).
 - Authentication, limits and hardening are the verifier server's: a bearer
   token (401 none, 403 wrong), bodies over `max_body_bytes` refused (413),
-  header and body deadlines (connections.py, 408), connection caps (503).
+  header and body deadlines (connections.py, 408), connection caps (503;
+  /health and /metrics are answered beyond them), idle keep-alive
+  connections closed after `keepalive_timeout_s`.
+- Shutdown (SIGINT or SIGTERM, lever.http.shutdown): new requests get 503,
+  running ones get the drain's seconds to finish, then are cancelled
+  (`cancel_work`): a stream then ends with an error chunk (code
+  `shutting_down`) and `data: [DONE]`, as every stream that fails does.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from .prom import CONTENT_TYPE, HttpCounters, exposition
 
 OPEN_PATHS = ("/health",)          # answered without a token
 CHAT_THREADS = 2                   # chat requests whose template renders at once (lever.model.chat_template's workers)
+UNCAPPED_PATHS = ("/health", "/metrics")   # answered beyond the connection limits (GET, HEAD)
 MAX_LOGGED_MODEL_NAMES = 256       # other-model names warned about once each; later new names are not logged
 
 
@@ -71,12 +78,13 @@ class ServeLimits:
     max_connections: int = 256
     max_connections_per_ip: int = 64
     max_prefill_s: float = 300.0         # a request's prefill at most (then a 422 prefill_timeout)
+    keepalive_timeout_s: float = 5.0     # an idle keep-alive connection is closed after this long
 
     def __post_init__(self) -> None:
         for name in ("max_queue", "max_tokens", "max_body_bytes", "max_connections", "max_connections_per_ip"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("header_timeout_s", "body_timeout_s", "max_prefill_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "max_prefill_s", "keepalive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 
@@ -100,7 +108,8 @@ class OpenAIServer:
         self.http_log = http_logger(f"lever.serve.{id(self)}", self.log)
         self.connections = ConnectionGuard(None, limits.header_timeout_s, limits.max_connections,
                                            limits.max_connections_per_ip, on_refused=self._refused,
-                                           on_timeout=self._timed_out)
+                                           on_timeout=self._timed_out, open_paths=UNCAPPED_PATHS,
+                                           keepalive_timeout_s=limits.keepalive_timeout_s)
         self.chat_pool = ThreadPoolExecutor(CHAT_THREADS, thread_name_prefix="lever-serve-chat")
         self.chats_parsing = 0                   # chat requests on (or waiting for) the chat pool
         tokenizer = generator.loaded.tokenizer
@@ -239,8 +248,9 @@ class OpenAIServer:
         except Exception as e:  # noqa: BLE001 -- a bug: logged, and told to the client in the stream
             self.log(f"internal error mid-stream: {type(e).__name__}: {e}")
             failure = HttpError(500, "internal", f"the server failed ({type(e).__name__})")
-        if failure is not None:
+        if failure is not None:                          # an error chunk, then the end of the stream as usual
             await self._send(request, resp, schema.error_body(failure.status, failure.code, failure.message))
+            await resp.write(schema.sse("[DONE]"))
             await resp.write_eof()
             return resp
         await self._send(request, resp, schema.chunk(req, rid, created, finish_reason=outcome.finish_reason,
@@ -255,6 +265,8 @@ class OpenAIServer:
     def _failure(self, e: LeverError) -> HttpError:
         """A run that ended in `e`: cancelled by the server (shutting down: 503), its
         prefill over --max-prefill-seconds (422), or failed (500, logged)."""
+        if isinstance(e, Cancelled) and self.connections.draining:
+            return HttpError(503, "shutting_down", "the server shut down before the request finished")
         if isinstance(e, Cancelled):
             return HttpError(503, "cancelled", f"the request was cancelled: {e}")
         if isinstance(e, PrefillTimeout):
@@ -268,6 +280,10 @@ class OpenAIServer:
         if client_gone(request):
             raise ConnectionResetError("the client went away")
         await resp.write(schema.sse(obj))
+
+    def cancel_work(self) -> None:
+        """Stop every request: the waiting ones are dropped, the running one stops at its next token."""
+        self.queue.close()
 
     async def _stop(self, app) -> None:
         self.queue.close()

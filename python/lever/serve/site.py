@@ -1,13 +1,15 @@
 """Running the `lever serve` application: on a guarded TCP site (the
-verifier server's connection limits), until interrupted or on a background
-thread (`serve_thread`, for tests and notebooks)."""
+verifier server's connection limits), until SIGINT or SIGTERM and its
+drain (lever.http.shutdown) or on a background thread (`serve_thread`, for
+tests and notebooks)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from ..http.common import SiteThread, serve_until_interrupted, start_guarded_site
+from ..http.common import SiteThread, start_guarded_site
+from ..http.shutdown import DEFAULT_DRAIN_S, serve_until_stopped
 from .app import OpenAIServer
 
 
@@ -26,9 +28,12 @@ async def start_site(server: OpenAIServer, host: str, port: int) -> tuple[web.Ap
                                     None, EndpointCounter, server.http, server.http_log)
 
 
-def serve_forever(server: OpenAIServer, host: str, port: int, on_ready=None) -> None:
-    """Serve until interrupted (Ctrl-C / SIGTERM); on_ready(port) once listening."""
-    serve_until_interrupted(lambda: start_site(server, host, port), on_ready)
+def serve_forever(server: OpenAIServer, host: str, port: int, on_ready=None,
+                  drain_s: float = DEFAULT_DRAIN_S) -> None:
+    """Serve until SIGINT or SIGTERM, then drain for at most `drain_s` seconds
+    (lever.http.shutdown); on_ready(port) once listening."""
+    serve_until_stopped(lambda: start_site(server, host, port), server.connections, server.cancel_work, server.log,
+                        drain_s, on_ready)
 
 
 def serve_thread(server: OpenAIServer, host: str = "127.0.0.1", port: int = 0) -> SiteThread:
