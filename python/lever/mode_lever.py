@@ -37,7 +37,7 @@ from pathlib import Path
 from .cost import ring_depth
 from .cost.cost_model import CostModel
 from .cost.identity import model_identity
-from .cost.measure import printer
+from .cost.timing import printer
 from .cost.profile import load_or_estimate, load_or_measure, profile_key
 from .draft.calibration import AcceptanceCalibration
 from .draft.gain_cost import GainCostPolicy

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                                    progress=progress, draft_grid=DEFAULT_DRAFT_GRID, **grid)
 
         if checks.npu_profile is not None:
-            from ..cost.measure import printer
+            from ..cost.timing import printer
             profile, npu_info = checks.npu_profile.device_profile(target, PROFILE_KV_TOKENS, host=measured,
                                                                   say=printer(progress))
         else:

@@ -121,7 +121,7 @@ def backend_json(args, layers) -> dict:
     buckets, the SoC and whether the NPU is simulated."""
     if layers is None:
         return {"backend": "native"}
-    from ..cost.profile import simulated_backend
+    from ..cost.backend import simulated_backend
     out = {**layers.report(), "rows_buckets": [int(r) for r in layers.planner.rows],
            "context_buckets": [int(c) for c in layers.planner.contexts]}
     target = getattr(layers.graphs, "target", None)

@@ -22,15 +22,13 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 from tqdm import tqdm
 
 from lever.errors import MissingPartError, ModelFormatError
+from lever.gguf.entry import ModelEntry
 from lever.gguf.file import GGUFFile
-
-if TYPE_CHECKING:
-    from lever.gguf.registry import ModelEntry
 
 log = logging.getLogger("lever")
 
