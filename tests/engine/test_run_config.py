@@ -269,3 +269,46 @@ def test_generate_context_option_reaches_the_kv_reserve(smol_store, capsys):
     assert main(base + ["--max-context", "48", "--max-new-tokens", "60"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--context 48: the prompt of " in err[0] and "60 new tokens" in err[0]
+
+
+def test_one_mode_registry_drives_the_configuration_the_loop_and_the_options():
+    """lever.modes.MODES is the one list of modes: --mode's choices, the
+    configuration's rows and checks, and the loop's policy all come from it."""
+    import argparse
+
+    from lever.commands.options import add_spec_options
+    from lever.draft.policies import ChainPolicy, NoDraft, StaticTreePolicy
+    from lever.engine import SpecConfig
+    from lever.modes import MODES
+    from lever.shapes import LeverLimits, TreeShape
+
+    args = build_parser().parse_args(["generate", "--prompt", "p"])
+    parser = argparse.ArgumentParser()
+    add_spec_options(parser, "the mode")
+    mode = next(a for a in parser._actions if a.dest == "mode")
+    assert list(mode.choices) == list(MODES) == ["ar", "chain", "tree", "lever"]
+    assert (args.lever_max_nodes, args.lever_max_depth, args.lever_topk) == \
+        (LeverLimits.max_nodes, LeverLimits.max_depth, LeverLimits.topk)
+    assert DecodeConfig().lever_limits == LeverLimits()
+    assert DecodeConfig(mode="tree", tree=TreeShape(9, 2, 3)).tree_rows == 10 and DecodeConfig().tree_rows == 1
+    spec = DecodeConfig(mode="chain", draft_len=3, draft_ahead=True).spec()
+    assert spec == SpecConfig("chain", 3, draft_ahead=True) and isinstance(spec.tree_policy(), ChainPolicy)
+    assert isinstance(DecodeConfig(mode="tree").spec().tree_policy(), StaticTreePolicy)
+    assert isinstance(DecodeConfig().spec().tree_policy(), NoDraft)
+    assert DecodeConfig(mode="lever").spec(mode="tree").mode == "tree"
+    for name, m in MODES.items():
+        if m.needs_draft:
+            with pytest.raises(LeverError, match="needs --draft"):
+                DecodeConfig.from_args(build_parser().parse_args(["generate", "--prompt", "p", "--mode", name]),
+                                       draft=None, streamed=False)
+
+
+def test_the_backend_is_part_of_the_run_configuration():
+    from lever.config import BackendConfig
+
+    args = build_parser().parse_args(["generate", "--prompt", "p", "--backend", "cpu-static", "--buckets", "1,8"])
+    backend = RunConfig.from_args(args).backend
+    assert backend.name == "cpu-static" and backend.buckets == "1,8" and backend.static and backend.soc is None
+    assert not RunConfig().backend.static
+    with pytest.raises(UsageError, match="--backend"):
+        BackendConfig("npu")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import BACKENDS, DecodeConfig
+from ..modes import MODES
 from ..sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
+from ..shapes import LeverLimits, TreeShape
 from ..store.flash_reader import DEFAULT_QUEUE_DEPTH
 from . import arg_types
 from .limits import (MAX_CONTEXT_TOKENS, MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_PREFETCH_DEPTH, MAX_READ_QUEUE_DEPTH,
@@ -125,19 +128,17 @@ def add_cache_dir(p) -> None:
                         "(default: $LEVER_CACHE_DIR or ~/.cache/lever)")
 
 
-BACKEND_CHOICES = ("native", "cpu-static", "qnn")
-
-
 def add_backend_options(p, *, backend: bool = True, npu_profile: bool = True) -> None:
     """(With `backend`) --backend native|cpu-static|qnn, --buckets LIST, --contexts
     LIST, --soc ID and (with `npu_profile`) --npu-profile FILE: where the target's
-    decoder layers run (lever.npu; checked and applied by commands.static_backend)."""
+    decoder layers run (lever.npu; checked by commands.static_backend, applied by
+    lever.runtime.build as the run configuration's BackendConfig)."""
     from ..npu.buckets import DEFAULT_CONTEXTS, DEFAULT_ROWS
     from ..npu.runtime import DEFAULT_SOC, SOCS
 
     g = p.add_argument_group("static-shape backends (NPU through ONNX Runtime; see `lever compile-npu`)")
     if backend:
-        g.add_argument("--backend", default="native", choices=BACKEND_CHOICES,
+        g.add_argument("--backend", default="native", choices=BACKENDS,
                        help="where the target's decoder layers run: native = Lever's CPU kernels (default); "
                             "cpu-static = ONNX Runtime's CPU EP on static-shape bucket graphs; qnn = the QNN HTP "
                             "(an NPU; simulated on an x86-64 host, where its timings are not NPU speed). Static "
@@ -176,22 +177,25 @@ def add_spec_options(spec, mode_help: str) -> None:
     and --lever-max-nodes/-max-depth/-topk, on the argument group `spec`."""
     add_draft(spec)
     add_draft_head(spec)
-    spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree", "lever"], help=mode_help)
-    spec.add_argument("--draft-len", type=arg_types.integer(1, MAX_DRAFT_LEN), default=4, metavar="K",
-                      help=f"chain length, 1..{MAX_DRAFT_LEN} (default 4)")
-    spec.add_argument("--tree-budget", type=arg_types.integer(1, MAX_TREE_NODES), default=32, metavar="N",
-                      help=f"draft nodes per tree, 1..{MAX_TREE_NODES} (default 32)")
-    spec.add_argument("--tree-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
-                      help=f"children per node, 1..{MAX_TREE_TOPK} (default 4)")
-    spec.add_argument("--tree-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=8, metavar="D",
-                      help=f"tree levels, 1..{MAX_TREE_DEPTH} (default 8)")
-    spec.add_argument("--lever-max-nodes", type=arg_types.integer(1, MAX_TREE_NODES), default=255, metavar="N",
-                      help=f"mode lever: draft nodes per tree at most, 1..{MAX_TREE_NODES} (default 255)")
-    spec.add_argument("--lever-max-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=12, metavar="D",
-                      help=f"mode lever: deepest draft node, 1..{MAX_TREE_DEPTH} (default 12)")
-    spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
+    spec.add_argument("--mode", default=None, choices=list(MODES), help=mode_help)
+    k, tree, lever = DecodeConfig.draft_len, TreeShape(), LeverLimits()
+    spec.add_argument("--draft-len", type=arg_types.integer(1, MAX_DRAFT_LEN), default=k, metavar="K",
+                      help=f"chain length, 1..{MAX_DRAFT_LEN} (default {k})")
+    spec.add_argument("--tree-budget", type=arg_types.integer(1, MAX_TREE_NODES), default=tree.budget, metavar="N",
+                      help=f"draft nodes per tree, 1..{MAX_TREE_NODES} (default {tree.budget})")
+    spec.add_argument("--tree-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=tree.topk, metavar="K",
+                      help=f"children per node, 1..{MAX_TREE_TOPK} (default {tree.topk})")
+    spec.add_argument("--tree-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=tree.depth, metavar="D",
+                      help=f"tree levels, 1..{MAX_TREE_DEPTH} (default {tree.depth})")
+    spec.add_argument("--lever-max-nodes", type=arg_types.integer(1, MAX_TREE_NODES), default=lever.max_nodes,
+                      metavar="N", help=f"mode lever: draft nodes per tree at most, 1..{MAX_TREE_NODES} "
+                                        f"(default {lever.max_nodes})")
+    spec.add_argument("--lever-max-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=lever.max_depth,
+                      metavar="D", help=f"mode lever: deepest draft node, 1..{MAX_TREE_DEPTH} "
+                                        f"(default {lever.max_depth})")
+    spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=lever.topk, metavar="K",
                       help=f"mode lever: children the draft offers per expanded node, 1..{MAX_TREE_TOPK} "
-                           f"(default 4)")
+                           f"(default {lever.topk})")
 
 
 def add_draft(p, *, default: str | None = None, required: bool = False, note: str = "") -> None:

@@ -137,12 +137,11 @@ def corpus_prompts(limit: int | None) -> list[dict]:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from ..config import RunConfig
-    from ..draft.base import TreeShape
-    from ..engine import SpecConfig
+    from ..config import DecodeConfig, RunConfig
     from ..probe.store import probe_key_for
     from ..probe.traces import default_layers, record_traces
     from ..runtime import MIN_KV_TOKENS, PromptSetKv, build
+    from ..shapes import TreeShape
 
     if args.draft == "ngram":
         raise LeverError("lever probe record needs a draft model (--draft NAME): prompt lookup ('ngram') has "
@@ -163,12 +162,11 @@ def run_record(args: argparse.Namespace) -> int:
         drafter = run.drafter
         specs, profile = {}, None
         if "tree" in args.policies:
-            specs["tree"] = SpecConfig("tree", tree=tree)
+            specs["tree"] = DecodeConfig(mode="tree", tree=tree).spec()
         if "lever" in args.policies:
-            from ..config import DecodeConfig
-            policy = run.lever_policy(DecodeConfig(), max_nodes=LEVER_MAX_NODES, context_tokens=MIN_KV_TOKENS,
-                                      tune_ring=False)
-            specs["lever"] = SpecConfig("lever", policy=policy)
+            decode = DecodeConfig(mode="lever", lever_max_nodes=LEVER_MAX_NODES)
+            policy = run.lever_policy(decode, context_tokens=MIN_KV_TOKENS, tune_ring=False)
+            specs["lever"] = decode.spec(policy=policy)
             profile = getattr(policy.cost, "profile", None)
         layers = args.layers or default_layers(target.config.n_layers)
         meta = record_traces(target, drafter, [{**p, "ids": i} for p, i in zip(prompts, ids)], args.out,

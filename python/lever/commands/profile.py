@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cost.cost_model import CostModel
     from ..cost.profile import DEFAULT_DRAFT_GRID, load_or_measure, profile_key, profile_path
     from ..runtime import build, kv_rule
-    from .static_backend import apply_backend, check_backend_args, is_static
+    from .static_backend import check_backend_args
 
     checks = check_backend_args(args, kernels=args.kernels, probes=args.probes)
     if args.plot:                 # before a minute of measuring, not after it
@@ -93,9 +93,8 @@ def run(args: argparse.Namespace) -> int:
                 kv=kv_rule(new_tokens=0, prompt_tokens=PROFILE_KV_TOKENS), load_draft=False)
     memory, loaded = run.memory, run.loaded
     target = loaded.model
-    apply_backend(args, target)
     # a static backend measures its row buckets (lever.cost.profile.measure_defaults): a step function
-    grid = {} if is_static(args) else {"n_grid": n_grid}
+    grid = {} if config.backend.static else {"n_grid": n_grid}
     npu_info = None
     try:
         run.load_draft()

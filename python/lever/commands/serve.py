@@ -69,8 +69,7 @@ def build_specs(run, decode: DecodeConfig):
     """The SpecConfig of each request's sampling (lever.serve.specs), built as
     `lever generate` builds them: one mode lever policy per sampling setting."""
     from ..serve.specs import LeverSpecs, fixed_specs
-    base = SpecConfig("tree" if decode.mode == "lever" else decode.mode, decode.draft_len, decode.tree,
-                      draft_ahead=decode.draft_ahead)
+    base = decode.spec(mode="tree" if decode.mode == "lever" else None)
     if decode.mode != "lever":
         return fixed_specs(base)
 

@@ -1,6 +1,7 @@
 """`--backend cpu-static|qnn` on generate, bench and profile: the checks made
-before anything loads, putting a loaded target's layers on the backend, and
-the lines and JSON that report it.  The options themselves are defined once
+before anything loads, and the lines and JSON that report it (the backend
+itself is part of the run configuration, lever.config.BackendConfig, and
+lever.runtime.build puts the target's layers on it).  The options themselves are defined once
 in commands.options.add_backend_options.
 
 On a static-shape backend the CPU keeps every decision and the draft, and
@@ -80,30 +81,15 @@ def bucket_set(args):
 
 
 def qnn_target(args):
-    """The QnnTarget of --soc (default SoC) for qnn, else None."""
-    from ..npu.runtime import DEFAULT_SOC, QnnTarget
-    return QnnTarget(args.soc or DEFAULT_SOC) if getattr(args, "backend", "native") == "qnn" else None
+    """The QnnTarget of --soc (default SoC) for qnn, else None (lever.runtime.qnn_target)."""
+    from ..runtime import qnn_target as target_of
+    return target_of(getattr(args, "backend", "native"), args.soc)
 
 
 def context_root(args):
-    """Where context binaries are cached: <cache root>/npu (--cache-dir, $LEVER_CACHE_DIR, ~/.cache/lever)."""
-    from ..values import cache_root
-    return cache_root(getattr(args, "cache_dir", None)) / "npu"
-
-
-def apply_backend(args, model):
-    """Run `model`'s decoder layers (a NativeDecoder or StreamedDecoder, just
-    loaded) on --backend; returns the layer runner (lever.npu.layers.StaticLayers),
-    or None on the native backend."""
-    if not is_static(args):
-        return None
-    from ..model.native_decoder import NativeDecoder
-    from ..npu.backend import use_static_backend
-    if not isinstance(model, NativeDecoder):
-        raise UsageError(f"--backend {args.backend} needs the native decoder (--kernels native and a GGUF model "
-                         f"or a flash store)")
-    return use_static_backend(model, args.backend, bucket_set(args), target=qnn_target(args),
-                              root=context_root(args))
+    """Where context binaries are cached (lever.runtime.npu_root of --cache-dir)."""
+    from ..runtime import npu_root
+    return npu_root(getattr(args, "cache_dir", None))
 
 
 def draft_ahead_default(args, draft: str | None) -> bool:
