@@ -188,27 +188,23 @@ class RunConfig:
     @classmethod
     def from_args(cls, args, *, target_model: str | None = None, draft: str | None | object = FROM_ARGS,
                   progress: bool | None = None) -> RunConfig:
-        """The configuration of a parsed command line (read, never written).
+        """The configuration of a parsed command line (read, never written), whose
+        parser has every run option (commands.options; a command that does not
+        offer one sets its value through the option's helper, offered=False).
         target_model: the in-memory target when the command names it otherwise
         than --model; draft: the draft to use (FROM_ARGS: --draft)."""
-        store = getattr(args, "target_store", None)
-        model = target_model or getattr(args, "model", None) or DEFAULT_MODEL
+        store = args.target_store
+        model = target_model or args.model or DEFAULT_MODEL
         return cls(
-            target=TargetConfig(model=model, store=Path(store) if store else None,
-                                dtype=getattr(args, "dtype", "bfloat16"), kernels=getattr(args, "kernels", "native")),
-            draft=DraftConfig(name=getattr(args, "draft", None) if draft is FROM_ARGS else draft,
-                              head=getattr(args, "draft_head", "stored")),
-            reader=ReaderConfig(backend=getattr(args, "reader", "auto"),
-                                prefetch_depth=getattr(args, "prefetch_depth", AUTO_DEPTH),
-                                queue_depth=getattr(args, "read_queue_depth", DEFAULT_QUEUE_DEPTH),
-                                read_limit=getattr(args, "read_limit", 0.0)),
-            memory=MemoryConfig(limit=getattr(args, "memory_limit", None),
-                                dram_budget=getattr(args, "dram_budget", None),
-                                context=getattr(args, "context", None)),
-            backend=BackendConfig(name=getattr(args, "backend", "native"), buckets=getattr(args, "buckets", None),
-                                  contexts=getattr(args, "contexts", None), soc=getattr(args, "soc", None)),
-            cache_dir=getattr(args, "cache_dir", None),
-            progress=(not getattr(args, "no_progress", False)) if progress is None else progress)
+            target=TargetConfig(model=model, store=Path(store) if store else None, dtype=args.dtype,
+                                kernels=args.kernels),
+            draft=DraftConfig(name=args.draft if draft is FROM_ARGS else draft, head=args.draft_head),
+            reader=ReaderConfig(backend=args.reader, prefetch_depth=args.prefetch_depth,
+                                queue_depth=args.read_queue_depth, read_limit=args.read_limit),
+            memory=MemoryConfig(limit=args.memory_limit, dram_budget=args.dram_budget, context=args.context),
+            backend=BackendConfig(name=args.backend, buckets=args.buckets, contexts=args.contexts, soc=args.soc),
+            cache_dir=args.cache_dir,
+            progress=(not args.no_progress) if progress is None else progress)
 
 
 @dataclass(frozen=True)

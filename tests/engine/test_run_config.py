@@ -140,7 +140,8 @@ def test_generate_never_writes_the_parsed_options(smol_store, monkeypatch, capsy
 def test_run_config_from_args_reads_every_part():
     args = Namespace(target_store=None, model="m", dtype="fp32", kernels="native", draft="d", draft_head="q4_0",
                      reader="pread", prefetch_depth="3", read_queue_depth=8, read_limit=5e8, memory_limit=None,
-                     dram_budget=None, cache_dir="/c", no_progress=True)
+                     dram_budget=None, context=None, backend="native", buckets=None, contexts=None, soc=None,
+                     cache_dir="/c", no_progress=True)
     config = RunConfig.from_args(args)
     assert config.target == TargetConfig(model="m", dtype="float32")
     assert config.draft == DraftConfig("d", "q4_0")
@@ -312,3 +313,23 @@ def test_the_backend_is_part_of_the_run_configuration():
     assert not RunConfig().backend.static
     with pytest.raises(UsageError, match="--backend"):
         BackendConfig("npu")
+
+
+@pytest.mark.parametrize("argv", [["generate", "--prompt", "p"], ["serve"], ["serve-verifier", "--model", "m"],
+                                  ["bench"], ["profile", "--draft", "d"], ["probe", "record", "--draft", "d", "--out", "o"]])
+def test_every_command_that_builds_a_run_has_every_run_option(argv):
+    """A command that does not offer an option gets its value through the
+    option's helper (commands.options, offered=False): from_args reads the
+    parsed options as they are, with no fallback of its own."""
+    config = RunConfig.from_args(build_parser().parse_args(argv))
+    assert config.progress and config.memory.context is None and config.target.kernels == "native"
+    assert config.backend.name == "native"
+
+
+def test_no_fallback_default_for_a_parsed_option():
+    import re
+
+    package = Path(runtime.__file__).parent
+    found = [f"{p.relative_to(package)}:{i}" for p in sorted(package.rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"getattr\(args, [^)]*,", line)]
+    assert not found, "an option's default is written in commands.options only: " + ", ".join(found)

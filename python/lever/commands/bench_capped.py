@@ -123,7 +123,7 @@ def child_command(args, mode: BenchMode, out_dir: Path) -> list[str]:
     argv = [sys.executable, "-m", "lever.cli", "bench"]
     for action in parser._actions:
         dest = action.dest
-        value = getattr(args, dest, defaults.get(dest))
+        value = getattr(args, dest)
         if (dest in PER_CHILD or not action.option_strings or value == defaults.get(dest)
                 or action.help == argparse.SUPPRESS):          # a hidden alias: its option passes it on
             continue

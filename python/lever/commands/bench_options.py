@@ -8,7 +8,7 @@ from . import arg_types
 from .bench_modes import MODE_HELP, TREE_DEPTH, TREE_TOPK
 from .bench_setup import FULL, QUICK
 from .limits import MAX_BENCH_PROMPTS
-from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft, add_draft_head,
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_draft, add_draft_head,
                       add_dram_budget, add_max_new_tokens, add_no_progress, add_probes, add_reader_options,
                       add_sampling_options, add_target_choice)
 
@@ -68,6 +68,7 @@ def add_arguments(p) -> None:
                    help="write the JSON only, no PNG (the children of --memory-cap: importing matplotlib "
                         "would add to the measured process)")
     add_backend_options(p)
+    add_context(p, offered=False)
     p.add_argument("--no-draft-ahead", action="store_true",
                    help="on a static backend, run the modes as written: without it every mode that drafts with a "
                         "draft model drafts ahead (+ahead) while the target's layers run on the NPU")

@@ -154,7 +154,7 @@ def check_options(args, modes: list[BenchMode]) -> None:
     if args.target_store and args.kernels == "torch":
         raise LeverError("--kernels torch runs in-memory models only (the torch reference); a --target-store "
                          "streams on the native decoder")
-    if getattr(args, "npu_profile", None) and not any(m.lever_nodes for m in modes):
+    if args.npu_profile and not any(m.lever_nodes for m in modes):
         raise LeverError("--npu-profile sizes the trees of mode lever; --modes has no lever mode")
 
 

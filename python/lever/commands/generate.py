@@ -14,7 +14,7 @@ from . import arg_types
 from .limits import MAX_CALL_COST_MS, MAX_RETRY_DEADLINE_S
 from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_dram_budget,
                       add_max_new_tokens, add_probes, add_reader_options, add_reprofile, add_sampling_options,
-                      add_spec_options, add_target_store)
+                      add_no_progress, add_spec_options, add_target_store)
 from ..memory.run_plan import memory_report
 from .memory_limit import print_memory_line
 from .prompt_input import add_prompt_options, read_prompt
@@ -35,6 +35,7 @@ def add_parser(subparsers) -> None:
     add_compute_options(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     add_cache_dir(p)
+    add_no_progress(p, offered=False)
     flash = p.add_argument_group("flash-resident target")
     add_target_store(flash)
     add_dram_budget(flash, "the target")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import LeverError
 from . import arg_types
-from .options import (add_cache_dir, add_compute_options, add_draft, add_draft_head, add_dram_budget,
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_draft, add_draft_head, add_dram_budget,
                       add_max_new_tokens, add_no_progress, add_reader_options, add_target_choice)
 
 CORPUS = "calibration_prompts_v1.json"
@@ -67,6 +67,8 @@ def add_record(sub) -> None:
     add_reader_options(p)
     add_cache_dir(p)
     add_no_progress(p)
+    add_context(p, offered=False)
+    add_backend_options(p, offered=False)
     p.set_defaults(run=run_record)
 
 

@@ -13,7 +13,7 @@ from . import arg_types
 from .limits import MAX_TREE_NODES
 from ..memory.run_plan import memory_report
 from .memory_limit import print_memory_line
-from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft, add_draft_head,
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_draft, add_draft_head,
                       add_dram_budget, add_no_progress, add_probes, add_reader_options, add_target_choice)
 
 # KV rows a streamed target budgets for, as `lever generate` does for short
@@ -60,6 +60,7 @@ def add_parser(subparsers) -> None:
                         "'lever-llm[plot]')")
     add_no_progress(p)
     add_backend_options(p)
+    add_context(p, offered=False)
     p.set_defaults(run=run)
 
 

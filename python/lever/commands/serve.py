@@ -14,9 +14,9 @@ from ..engine import SpecConfig
 from ..errors import LeverError
 from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
-from .options import (add_cache_dir, add_compute_options, add_context, add_dram_budget, add_max_new_tokens,
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_dram_budget, add_max_new_tokens,
                       add_reader_options, add_reprofile, add_sampling_options, add_server_address, add_spec_options,
-                      add_target_store)
+                      add_no_progress, add_target_store)
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -49,6 +49,8 @@ def add_parser(subparsers) -> None:
     add_sampling_options(p, top=True, seed_default=None)
     add_compute_options(p)
     add_cache_dir(p)
+    add_no_progress(p, offered=False)
+    add_backend_options(p, offered=False)
     flash = p.add_argument_group("flash-resident target")
     add_target_store(flash)
     add_dram_budget(flash, "the target")

@@ -20,7 +20,7 @@ from ..errors import UsageError
 
 
 def is_static(args) -> bool:
-    return getattr(args, "backend", "native") != "native"
+    return args.backend != "native"
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,8 @@ def check_backend_args(args, *, kernels: str = "native", remote=None, probes: st
     """Refuse what a static backend cannot run (one line each), before anything
     loads; check onnxruntime (and onnxruntime-qnn) are installed and read the
     --npu-profile file.  `args` is only read; the resolved values are returned."""
-    backend = getattr(args, "backend", "native")
-    if getattr(args, "soc", None) is not None and backend != "qnn":
+    backend = args.backend
+    if args.soc is not None and backend != "qnn":
         raise UsageError(f"--soc chooses the SoC of --backend qnn; this run's backend is {backend}")
     if backend != "native":
         if kernels == "torch":
@@ -55,7 +55,7 @@ def check_backend_args(args, *, kernels: str = "native", remote=None, probes: st
             probes = "off"
         check_installed(backend)
     npu_profile = None
-    if getattr(args, "npu_profile", None):
+    if args.npu_profile:
         if remote:
             raise UsageError("--npu-profile sizes the trees of a target in this process; with --remote the "
                              "server verifies (choose one)")
@@ -83,20 +83,20 @@ def bucket_set(args):
 def qnn_target(args):
     """The QnnTarget of --soc (default SoC) for qnn, else None (lever.runtime.qnn_target)."""
     from ..runtime import qnn_target as target_of
-    return target_of(getattr(args, "backend", "native"), args.soc)
+    return target_of(args.backend, args.soc)
 
 
 def context_root(args):
     """Where context binaries are cached (lever.runtime.npu_root of --cache-dir)."""
     from ..runtime import npu_root
-    return npu_root(getattr(args, "cache_dir", None))
+    return npu_root(args.cache_dir)
 
 
 def draft_ahead_default(args, draft: str | None) -> bool:
     """Whether to draft ahead when the command line does not say: on a static
     backend with a draft model (the draft runs on the CPU while the target's
     layers run on the NPU), unless --no-draft-ahead."""
-    if getattr(args, "no_draft_ahead", False):
+    if args.no_draft_ahead:
         return False
     return is_static(args) and bool(draft) and draft != "ngram"
 
