@@ -10,7 +10,8 @@ accepted tokens plus the target's own next token.  The policy is told the
 room left (`max_new_tokens` minus the tokens emitted, minus the target's
 own token): it grows no node deeper, since no deeper one could be emitted.
 
-The mode names the policy (`SpecConfig.tree_policy`): "ar" no draft, "chain"
+The mode names the policy (`SpecConfig.tree_policy`, from the mode registry
+lever.modes): "ar" no draft, "chain"
 a chain, "tree" a static best-first tree (lever.draft.policies), "lever" the
 gain-cost policy carried in `SpecConfig.policy`
 (lever.draft.gain_cost.GainCostPolicy), which sizes each tree by expected
