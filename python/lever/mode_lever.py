@@ -34,14 +34,14 @@ import re
 import sys
 from pathlib import Path
 
+from .config import DecodeConfig, RunConfig
 from .cost import ring_depth
 from .cost.cost_model import CostModel
 from .cost.identity import model_identity
-from .cost.timing import printer
 from .cost.profile import load_or_estimate, load_or_measure, profile_key
+from .cost.timing import printer
 from .draft.calibration import AcceptanceCalibration
 from .draft.gain_cost import GainCostPolicy
-from .config import DecodeConfig, RunConfig
 from .draft.model_drafter import ModelDrafter
 from .errors import LeverError
 from .files import file_sha256
@@ -65,7 +65,7 @@ def lever_policy(target, drafter, config: RunConfig, decode: DecodeConfig, *, ta
     lever.model.loading, or a StreamedDecoder, loaded from `target_id`) drafted
     by `drafter` (a ModelDrafter), as `config` runs it (kernels, dtype, the
     flash reader, the cache root, progress) and `decode` decodes: its tree
-    limits (`DecodeConfig.lever_limits`; max_nodes overrides max_nodes), the
+    limits (`DecodeConfig.lever_limits`; `max_nodes` overrides its max_nodes), the
     calibration of `params` (default: decode's sampling), a full re-measuring
     of the profile with decode.reprofile.  first: False for another policy of
     the same run (another sampling setting): no re-measuring, no ring
