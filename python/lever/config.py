@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .draft.base import TreeShape
+from .engine import SpecConfig
 from .errors import LeverError, UsageError
+from .modes import MODES
 from .sampling import SamplingParams
+from .shapes import LeverLimits, TreeShape
 from .store.flash_reader import DEFAULT_QUEUE_DEPTH
 from .store.residency import AUTO_DEPTH, parse_prefetch_depth
 from .values import dtype_name, parse_rate, parse_size
@@ -28,10 +30,9 @@ DEFAULT_DRAM_BUDGET = 600_000_000      # bytes: the streamed target's budget whe
 KERNELS = ("native", "torch")
 DRAFT_HEADS = ("stored", "q4_0")
 READER_BACKENDS = ("auto", "io_uring", "pread")
-MODES = ("ar", "chain", "tree", "lever")
+BACKENDS = ("native", "cpu-static", "qnn")
 REMOTE_ENGINES = ("lever", "vllm")
 PROBE_CHOICES = ("on", "off", "auto")
-DEFAULT_LEVER_MAX_NODES, DEFAULT_LEVER_MAX_DEPTH, DEFAULT_LEVER_TOPK = 255, 12, 4
 FROM_ARGS = object()                   # RunConfig.from_args: take the value from the parsed options
 
 
@@ -147,40 +148,63 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True)
+class BackendConfig:
+    """Where the target's decoder layers run: "native" (Lever's CPU kernels) or
+    a static-shape backend, "cpu-static" or "qnn" (lever.npu), over row
+    buckets `buckets` (tree tokens per pass) x context buckets `contexts`
+    (cached tokens), as the --buckets / --contexts texts (None: lever.npu's
+    defaults); soc: the qnn SoC model (None: the default SoC).  Applied to
+    the target by `lever.runtime.build`."""
+
+    name: str = "native"
+    buckets: str | None = None
+    contexts: str | None = None
+    soc: str | None = None
+
+    def __post_init__(self) -> None:
+        _choice("--backend", self.name, BACKENDS)
+
+    @property
+    def static(self) -> bool:
+        """A static-shape backend (not the native one)."""
+        return self.name != "native"
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything `lever.runtime.build` needs to assemble a run: the target,
-    the draft, the flash reader, the memory option, the cache root
-    (None: $LEVER_CACHE_DIR or ~/.cache/lever) and whether long steps print progress."""
+    the draft, the flash reader, the memory option, where the target's layers
+    run (the backend), the cache root (None: $LEVER_CACHE_DIR or
+    ~/.cache/lever) and whether long steps print progress."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
     cache_dir: str | None = None
     progress: bool = True
 
     @classmethod
     def from_args(cls, args, *, target_model: str | None = None, draft: str | None | object = FROM_ARGS,
                   progress: bool | None = None) -> RunConfig:
-        """The configuration of a parsed command line (read, never written).
+        """The configuration of a parsed command line (read, never written), whose
+        parser has every run option (commands.options; a command that does not
+        offer one sets its value through the option's helper, offered=False).
         target_model: the in-memory target when the command names it otherwise
         than --model; draft: the draft to use (FROM_ARGS: --draft)."""
-        store = getattr(args, "target_store", None)
-        model = target_model or getattr(args, "model", None) or DEFAULT_MODEL
+        store = args.target_store
+        model = target_model or args.model or DEFAULT_MODEL
         return cls(
-            target=TargetConfig(model=model, store=Path(store) if store else None,
-                                dtype=getattr(args, "dtype", "bfloat16"), kernels=getattr(args, "kernels", "native")),
-            draft=DraftConfig(name=getattr(args, "draft", None) if draft is FROM_ARGS else draft,
-                              head=getattr(args, "draft_head", "stored")),
-            reader=ReaderConfig(backend=getattr(args, "reader", "auto"),
-                                prefetch_depth=getattr(args, "prefetch_depth", AUTO_DEPTH),
-                                queue_depth=getattr(args, "read_queue_depth", DEFAULT_QUEUE_DEPTH),
-                                read_limit=getattr(args, "read_limit", 0.0)),
-            memory=MemoryConfig(limit=getattr(args, "memory_limit", None),
-                                dram_budget=getattr(args, "dram_budget", None),
-                                context=getattr(args, "context", None)),
-            cache_dir=getattr(args, "cache_dir", None),
-            progress=(not getattr(args, "no_progress", False)) if progress is None else progress)
+            target=TargetConfig(model=model, store=Path(store) if store else None, dtype=args.dtype,
+                                kernels=args.kernels),
+            draft=DraftConfig(name=args.draft if draft is FROM_ARGS else draft, head=args.draft_head),
+            reader=ReaderConfig(backend=args.reader, prefetch_depth=args.prefetch_depth,
+                                queue_depth=args.read_queue_depth, read_limit=args.read_limit),
+            memory=MemoryConfig(limit=args.memory_limit, dram_budget=args.dram_budget, context=args.context),
+            backend=BackendConfig(name=args.backend, buckets=args.buckets, contexts=args.contexts, soc=args.soc),
+            cache_dir=args.cache_dir,
+            progress=(not args.no_progress) if progress is None else progress)
 
 
 @dataclass(frozen=True)
@@ -230,11 +254,11 @@ def default_mode(draft: str | None, streamed: bool) -> str:
 
 def check_mode(mode: str, draft: str | None) -> None:
     """Refuse a local decoding mode that the draft given cannot serve (before anything loads)."""
-    _choice("--mode", mode, MODES)
-    if mode != "ar" and not draft:
+    needs = MODES[_choice("--mode", mode, tuple(MODES))]
+    if needs.needs_draft and not draft:
         raise LeverError(f"--mode {mode} needs --draft (a draft model or 'ngram')")
-    if mode == "lever" and draft == "ngram":
-        raise LeverError("--mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
+    if needs.needs_draft_model and draft == "ngram":
+        raise LeverError(f"--mode {mode} needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
                          "draft probabilities to calibrate")
 
 
@@ -248,9 +272,9 @@ class DecodeConfig:
     mode: str = "ar"
     draft_len: int = 4
     tree: TreeShape = TreeShape()
-    lever_max_nodes: int = DEFAULT_LEVER_MAX_NODES
-    lever_max_depth: int = DEFAULT_LEVER_MAX_DEPTH
-    lever_topk: int = DEFAULT_LEVER_TOPK
+    lever_max_nodes: int = LeverLimits.max_nodes
+    lever_max_depth: int = LeverLimits.max_depth
+    lever_topk: int = LeverLimits.topk
     draft_ahead: bool = False
     probes: str = "auto"
     reprofile: bool = False
@@ -260,37 +284,49 @@ class DecodeConfig:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        _choice("--mode", self.mode, MODES)
+        _choice("--mode", self.mode, tuple(MODES))
         _choice("--probes", self.probes, PROBE_CHOICES)
 
     @property
     def tree_rows(self) -> int:
         """Rows of the largest target pass the mode makes (root + draft tokens)."""
-        return 1 + {"ar": 0, "chain": self.draft_len, "tree": self.tree.budget,
-                    "lever": self.lever_max_nodes}[self.mode]
+        return 1 + MODES[self.mode].draft_rows(self)
+
+    @property
+    def lever_limits(self) -> LeverLimits:
+        """Mode lever's tree limits (--lever-max-nodes, --lever-max-depth, --lever-topk)."""
+        return LeverLimits(self.lever_max_nodes, self.lever_max_depth, self.lever_topk)
+
+    def spec(self, *, policy=None, pruner=None, mode: str | None = None) -> SpecConfig:
+        """The decode loop's SpecConfig (lever.engine) of this decoding: its mode
+        (or `mode`), chain length, static tree and drafting ahead; policy: mode
+        lever's GainCostPolicy (lever.mode_lever); pruner: the early-exit
+        probe of the target's passes (None: none)."""
+        return SpecConfig(mode or self.mode, self.draft_len, self.tree, policy=policy, draft_ahead=self.draft_ahead,
+                          pruner=pruner)
 
     @classmethod
     def from_args(cls, args, *, draft: str | None, streamed: bool, probes: str | None = None,
-                  draft_ahead: bool = False, max_new_tokens: int | None = None) -> DecodeConfig:
-        """The decoding of a parsed command line: --mode (default: `default_mode`,
+                  draft_ahead: bool = False, max_new_tokens: int | None = None, chat: bool | None = None,
+                  ignore_eos: bool | None = None) -> DecodeConfig:
+        """The decoding of a parsed command line with the decoding options
+        (commands.options: add_spec_options, add_sampling_options(top=True),
+        add_reprofile, add_max_new_tokens): --mode (default: `default_mode`,
         checked against `draft`), --draft-len, --tree-*, --lever-*, sampling.
         probes / draft_ahead: the values after the backend's checks
-        (commands.static_backend) when they differ from the options."""
-        mode = getattr(args, "mode", None) or default_mode(draft, streamed)
+        (commands.static_backend); max_new_tokens: instead of --max-new-tokens;
+        chat / ignore_eos: the command's --no-chat / --ignore-eos.  What the
+        caller leaves None takes this class's default."""
+        mode = args.mode or default_mode(draft, streamed)
         check_mode(mode, draft)
         try:
-            tree = TreeShape(getattr(args, "tree_budget", 32), getattr(args, "tree_topk", 4),
-                             getattr(args, "tree_depth", 8))
-            sampling = SamplingParams(getattr(args, "temperature", 0.0), getattr(args, "top_p", 1.0),
-                                      getattr(args, "top_k", 0), getattr(args, "seed", None))
+            tree = TreeShape(args.tree_budget, args.tree_topk, args.tree_depth)
+            sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        return cls(mode=mode, draft_len=getattr(args, "draft_len", 4), tree=tree,
-                   lever_max_nodes=getattr(args, "lever_max_nodes", DEFAULT_LEVER_MAX_NODES),
-                   lever_max_depth=getattr(args, "lever_max_depth", DEFAULT_LEVER_MAX_DEPTH),
-                   lever_topk=getattr(args, "lever_topk", DEFAULT_LEVER_TOPK),
-                   draft_ahead=draft_ahead, probes=probes if probes is not None else getattr(args, "probes", "auto"),
-                   reprofile=getattr(args, "reprofile", False), sampling=sampling,
-                   max_new_tokens=(max_new_tokens if max_new_tokens is not None
-                                   else getattr(args, "max_new_tokens", 128)),
-                   chat=not getattr(args, "no_chat", False), ignore_eos=getattr(args, "ignore_eos", False))
+        given = {name: value for name, value in (("probes", probes), ("chat", chat), ("ignore_eos", ignore_eos))
+                 if value is not None}
+        return cls(mode=mode, draft_len=args.draft_len, tree=tree, lever_max_nodes=args.lever_max_nodes,
+                   lever_max_depth=args.lever_max_depth, lever_topk=args.lever_topk, draft_ahead=draft_ahead,
+                   reprofile=args.reprofile, sampling=sampling,
+                   max_new_tokens=max_new_tokens if max_new_tokens is not None else args.max_new_tokens, **given)

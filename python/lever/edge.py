@@ -2,7 +2,7 @@
 verifier server (`lever serve-verifier`) or an unmodified vLLM
 OpenAI-compatible server (engine="vllm", lever.remote.vllm_verifier).
 
-    from lever.remote import RemoteTarget
+    from lever.edge import RemoteTarget
     remote = RemoteTarget("http://127.0.0.1:8000", draft="qwen2.5-coder-0.5b")
     out = remote.generate("Write a quicksort in Python.", max_new_tokens=64)
     print(out.text, out.remote["target_calls_per_token"])
@@ -29,16 +29,14 @@ import numpy as np
 from .config import DecodeConfig, RemoteConfig, TargetConfig
 from .cost.identity import model_identity
 from .cost.measure import forward_seconds
-from .draft.base import TreeShape
 from .draft.gain_cost import GainCostPolicy
 from .draft.model_drafter import ModelDrafter
-from .engine import SpecConfig
 from .errors import LeverError
 from .loaded import Completion, LoadedModel
-from .mode_lever import (DEFAULT_MAX_DEPTH, DEFAULT_MAX_NODES, DEFAULT_TOPK, calibrated_policy, sampling_key,
-                          save_calibration)
+from .mode_lever import calibrated_policy, sampling_key, save_calibration
 from .runtime import connect, load_in_memory
 from .sampling import SamplingParams
+from .shapes import LeverLimits, TreeShape
 from .values import cache_root
 from .remote.client import RemoteVerifier
 from .remote.cost import RemoteCost
@@ -72,7 +70,8 @@ class RemoteTarget:
 
     def __init__(self, url: str, draft: str | LoadedModel = "qwen2.5-coder-0.5b", token: str | None = None,
                  mode: str = "lever", draft_len: int = 4, tree: TreeShape = TreeShape(),
-                 max_nodes: int = DEFAULT_MAX_NODES, max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK,
+                 max_nodes: int = LeverLimits.max_nodes, max_depth: int = LeverLimits.max_depth,
+                 topk: int = LeverLimits.topk,
                  retry_deadline_s: float = 30.0, call_cost_s: float = 0.0, cache_dir=None, progress: bool = True,
                  tls_ca: str | None = None, timeout_s: float = 120.0, draft_ahead: bool = False,
                  engine: str = "lever", remote_model: str | None = None, branches: int = 1):
@@ -81,7 +80,7 @@ class RemoteTarget:
                                    call_cost_s=call_cost_s)
         self.draft = draft if isinstance(draft, LoadedModel) else \
             load_in_memory(TargetConfig(model=draft), cache_dir, progress=progress)
-        self.spec_args = dict(mode=mode, draft_len=draft_len, tree=tree, draft_ahead=draft_ahead)
+        self.decode = DecodeConfig(mode=mode, draft_len=draft_len, tree=tree, draft_ahead=draft_ahead)
         self.max_nodes, self.max_depth, self.topk = max_nodes, max_depth, topk
         self.cache_dir, self.progress = cache_dir, progress
         probe = self._connect(SamplingParams())
@@ -148,10 +147,10 @@ class RemoteTarget:
         end-of-sequence."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         verifier = self._connect(params)
-        policy = self._lever_policy(params, verifier) if self.spec_args["mode"] == "lever" else None
+        policy = self._lever_policy(params, verifier) if self.decode.mode == "lever" else None
         if policy is not None:
             verifier.cost = policy.cost
-        spec = SpecConfig(**self.spec_args, policy=policy)
+        spec = self.decode.spec(policy=policy)
         try:
             completion = self.draft.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                                              top_p=top_p, top_k=top_k, seed=seed, chat=chat, on_text=on_text,

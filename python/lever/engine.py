@@ -10,7 +10,8 @@ accepted tokens plus the target's own next token.  The policy is told the
 room left (`max_new_tokens` minus the tokens emitted, minus the target's
 own token): it grows no node deeper, since no deeper one could be emitted.
 
-The mode names the policy (`SpecConfig.tree_policy`): "ar" no draft, "chain"
+The mode names the policy (`SpecConfig.tree_policy`, from the mode registry
+lever.modes): "ar" no draft, "chain"
 a chain, "tree" a static best-first tree (lever.draft.policies), "lever" the
 gain-cost policy carried in `SpecConfig.policy`
 (lever.draft.gain_cost.GainCostPolicy), which sizes each tree by expected
@@ -28,14 +29,14 @@ import time
 from dataclasses import dataclass, field
 
 from .draft.ahead import MAX_FORWARDS, WIDTH, AheadStats, DraftAhead
-from .draft.base import Drafter, TreePolicy, TreeShape
-from .draft.policies import ChainPolicy, NoDraft, StaticTreePolicy
+from .draft.base import Drafter, TreePolicy
 from .errors import LeverError
+from .modes import MODES
 from .autoregressive import GenerationResult, check_context, kv_tokens
 from .sampling import SamplingParams
+from .shapes import TreeShape
 from .verify.target_pass import TargetVerifier
 
-MODES = ("ar", "chain", "tree", "lever")
 RULES = ("exact", "leviathan")
 
 
@@ -77,13 +78,7 @@ class SpecConfig:
         """The policy that grows each iteration's tree in this mode. vocab_size: the
         target's vocabulary (the one-hot q of the Leviathan rule over a chain
         from a drafter without distributions)."""
-        if self.mode == "lever":
-            return self.policy
-        if self.mode == "chain":
-            return ChainPolicy(self.draft_len, self.rule, vocab_size)
-        if self.mode == "tree":
-            return StaticTreePolicy(self.tree)
-        return NoDraft()
+        return MODES[self.mode].policy(self, vocab_size)
 
     @property
     def max_depth(self) -> int:

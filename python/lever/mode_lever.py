@@ -4,8 +4,8 @@ seconds, lever.cost.quick, unless a full measurement is cached, which
 `--reprofile` and `lever profile` make), the cost model built from it, and
 the acceptance calibration persisted next to the profiles.
 
-    policy = lever_policy(target, drafter, target_id=..., ...)
-    spec = SpecConfig("lever", policy=policy)
+    policy = lever_policy(target, drafter, config, decode, target_id=..., context_tokens=...)
+    spec = decode.spec(policy=policy)
     ... speculative_generate(..., spec=spec) ...
     save_calibration(policy)      # what this run learnt, for the next one
 
@@ -34,11 +34,12 @@ import sys
 from pathlib import Path
 
 from .atomic_write import save_cache_file
+from .config import DecodeConfig, RunConfig
 from .cost import ring_depth
 from .cost.cost_model import CostModel
 from .cost.identity import model_identity
-from .cost.measure import printer
 from .cost.profile import load_or_estimate, load_or_measure, profile_key
+from .cost.timing import printer
 from .draft.calibration import AcceptanceCalibration
 from .draft.gain_cost import GainCostPolicy
 from .draft.model_drafter import ModelDrafter
@@ -47,26 +48,31 @@ from .files import file_sha256
 from .gguf import registry
 from .model.streamed_decoder import StreamedDecoder
 from .sampling import SamplingParams
+from .shapes import LeverLimits
 from .store.manifest import MANIFEST, StoreManifest
 from .values import cache_root, dtype_name
 
-DEFAULT_MAX_NODES, DEFAULT_MAX_DEPTH, DEFAULT_TOPK = 255, 12, 4
 SHIPPED_FORMAT = "lever-calibration-table/1"
 SHIPPED_MAX_TRIALS = 200.0     # a shipped table weighs at most this many trials per cell (and q bin)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader: str = "auto",
-                 read_limit_bytes_per_s: float = 0.0, dtype="bfloat16",
-                 params: SamplingParams = SamplingParams(), cache_dir=None, max_nodes: int = DEFAULT_MAX_NODES,
-                 max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK, force_profile: bool = False,
-                 tune_ring: bool = False, progress: bool = True, pruning=None, npu_profile=None,
+def lever_policy(target, drafter, config: RunConfig, decode: DecodeConfig, *, target_id,
+                 params: SamplingParams | None = None, max_nodes: int | None = None, first: bool = True,
+                 tune_ring: bool | None = None, pruning=None, npu_profile=None,
                  context_tokens: int = 2048) -> GainCostPolicy:
     """The gain-cost policy for `target` (a model of the numpy protocol, see
     lever.model.loading, or a StreamedDecoder, loaded from `target_id`) drafted
-    by `drafter` (a ModelDrafter).  tune_ring: a streamed target's read ring
-    depth is chosen from the profile (lever.cost.ring_depth; `--prefetch-depth
-    auto`), which may re-plan the target's pinned extents under the same budget.
+    by `drafter` (a ModelDrafter), as `config` runs it (kernels, dtype, the
+    flash reader, the cache root, progress) and `decode` decodes: its tree
+    limits (`DecodeConfig.lever_limits`; `max_nodes` overrides its max_nodes), the
+    calibration of `params` (default: decode's sampling), a full re-measuring
+    of the profile with decode.reprofile.  first: False for another policy of
+    the same run (another sampling setting): no re-measuring, no ring
+    tuning, no progress.  tune_ring (default: a streamed target with
+    --prefetch-depth auto, on the first policy): the read ring depth is
+    chosen from the profile (lever.cost.ring_depth), which may re-plan the
+    target's pinned extents under the same budget.
     pruning: the survival forecast of early-exit pruning (lever.probe.choice.prune_forecast).
     npu_profile: a device's measured bucket times (lever.npu.npu_profile.NpuProfile,
     `--npu-profile`): the cost model comes from them (at the context bucket of
@@ -75,6 +81,15 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
     depth is then not tuned.  `policy.npu_profile` says what was used.  On
     fixed shapes (a static backend's profile) max_nodes is capped so that a
     tree with its root fits the largest row bucket."""
+    streamed = config.target.streamed
+    kernels, dtype, reader, cache_dir = config.target.kernels, config.target.dtype, config.reader.backend, \
+        config.cache_dir
+    read_limit_bytes_per_s = config.reader.read_limit if streamed else 0.0
+    params = params if params is not None else decode.sampling
+    limits = decode.lever_limits
+    max_nodes = max_nodes if max_nodes is not None else limits.max_nodes
+    force_profile, progress = decode.reprofile and first, config.progress and first
+    tune_ring = (streamed and config.reader.auto_depth and first) if tune_ring is None else tune_ring
     draft_path = drafter.path if isinstance(drafter, ModelDrafter) else None
     if draft_path is None:
         raise LeverError("mode lever needs a draft model (--draft NAME); prompt lookup ('ngram') has no "
@@ -105,14 +120,15 @@ def lever_policy(target, drafter, *, target_id, kernels: str = "native", reader:
 
     if profile.fixed_shapes:        # a tree past the largest bucket would run as several bucket passes
         max_nodes = min(max_nodes, int(max(profile.n_grid)) - 1)
-    policy = calibrated_policy(CostModel(profile), path, start=start, max_nodes=max_nodes, max_depth=max_depth,
-                               topk=topk, pruning=pruning)
+    policy = calibrated_policy(CostModel(profile), path, start=start, max_nodes=max_nodes,
+                               max_depth=limits.max_depth, topk=limits.topk, pruning=pruning)
     policy.npu_profile = npu_info
     return policy
 
 
-def calibrated_policy(cost, path: Path, *, start=None, max_nodes: int = DEFAULT_MAX_NODES,
-                      max_depth: int = DEFAULT_MAX_DEPTH, topk: int = DEFAULT_TOPK, pruning=None) -> GainCostPolicy:
+def calibrated_policy(cost, path: Path, *, start=None, max_nodes: int = LeverLimits.max_nodes,
+                      max_depth: int = LeverLimits.max_depth, topk: int = LeverLimits.topk,
+                      pruning=None) -> GainCostPolicy:
     """The gain-cost policy over `cost` (a CostModel, or lever.remote.cost.RemoteCost)
     with the acceptance calibration persisted at `path` (`load_calibration`,
     `start()` when there is none yet), which `save_calibration` writes back."""

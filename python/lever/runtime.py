@@ -5,7 +5,7 @@ policy and the early-exit probes, and makes the verifiers.
 
     config = RunConfig.from_args(args)                    # or RunConfig(TargetConfig(...), ...)
     run = build(config, tree_rows=..., sampling=..., kv=kv_rule(...))
-    completion = run.generate(prompt, decode, spec=SpecConfig(...))
+    completion = run.generate(prompt, decode, spec=decode.spec(...))
     run.close()
 
 The verifiers, one constructor each: `Run.verifier` (the target in this
@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Callable
 
 from .autoregressive import check_context, kv_tokens
-from .config import (DEFAULT_DRAM_BUDGET, DecodeConfig, DraftConfig, ReaderConfig, RemoteConfig, RunConfig,
-                     TargetConfig)
+from .config import (DEFAULT_DRAM_BUDGET, BackendConfig, DecodeConfig, DraftConfig, ReaderConfig, RemoteConfig,
+                     RunConfig, TargetConfig)
 from .draft.model_drafter import ModelDrafter
 from .draft.ngram import NgramDrafter
 from .engine import run_speculative, tree_room, verifier_capacity
-from .errors import ContextOverflowError, StoreError
+from .errors import ContextOverflowError, StoreError, UsageError
 from .gguf.file import GGUFFile
 from .gguf.registry import resolve_model
 from .loaded import Completion, LoadedModel
@@ -38,9 +38,13 @@ from .memory.rss import current_rss
 from .memory.run_plan import model_file, plan_run
 from .mode_lever import lever_policy, save_calibration
 from .model.loading import load_model
+from .model.native_decoder import NativeDecoder
 from .model.streamed_decoder import StreamedDecoder
 from .model.tokenizer import Tokenizer
 from .model.tokenizer_match import accept_drafter, check_run_tokenizers
+from .npu.backend import use_static_backend
+from .npu.buckets import BucketSet
+from .npu.runtime import DEFAULT_SOC, QnnTarget
 from .probe.choice import probe_forecast, probe_pruner, pruning_pays
 from .sampling import SamplingParams
 from .store.flash_reader import drop_page_cache
@@ -131,16 +135,43 @@ def load_in_memory(target: TargetConfig, cache_dir: str | None = None, progress:
 
 def load_streamed(target: TargetConfig, reader: ReaderConfig, dram_budget: int, *, kv_tokens: int,
                   cache_dir: str | None = None, tokenizer: Tokenizer | None = None,
-                  manifest: StoreManifest | None = None) -> LoadedModel:
+                  manifest: StoreManifest | None = None, backend: BackendConfig | None = None) -> LoadedModel:
     """The target streamed from its flash store under `dram_budget` bytes, with
-    `kv_tokens` KV rows; tokenizer / manifest: already read (else read here)."""
+    `kv_tokens` KV rows; tokenizer / manifest: already read (else read here);
+    backend: where its layers run (`apply_backend`; None: not applied here)."""
     t0 = time.perf_counter()
     model = StreamedDecoder(target.store, dram_budget, target.dtype, backend=reader.backend,
                             prefetch_depth=reader.prefetch_depth, kv_tokens=kv_tokens,
                             queue_depth=reader.queue_depth, max_read_bytes_per_s=reader.read_limit,
                             manifest=manifest)
     tokenizer = tokenizer or store_tokenizer(target.store, cache_dir)
+    if backend is not None:
+        apply_backend(backend, model, cache_dir)
     return LoadedModel(model, tokenizer, Path(target.store), load_s=time.perf_counter() - t0)
+
+
+def apply_backend(backend: BackendConfig, model, cache_dir: str | None = None):
+    """Run `model`'s decoder layers (a NativeDecoder or StreamedDecoder, just
+    loaded) on `backend`: the layer runner (lever.npu.layers.StaticLayers),
+    or None on the native backend.  A static backend's context binaries are
+    cached under `npu_root(cache_dir)`."""
+    if not backend.static:
+        return None
+    if not isinstance(model, NativeDecoder):
+        raise UsageError(f"--backend {backend.name} needs the native decoder (--kernels native and a GGUF model "
+                         f"or a flash store)")
+    return use_static_backend(model, backend.name, BucketSet.parse(backend.buckets, backend.contexts),
+                              target=qnn_target(backend.name, backend.soc), root=npu_root(cache_dir))
+
+
+def qnn_target(backend: str, soc: str | None):
+    """The QnnTarget of `soc` (None: the default SoC) for the qnn backend, else None."""
+    return QnnTarget(soc or DEFAULT_SOC) if backend == "qnn" else None
+
+
+def npu_root(cache_dir: str | None = None) -> Path:
+    """Where context binaries are cached: <cache root>/npu (cache_dir, $LEVER_CACHE_DIR, ~/.cache/lever)."""
+    return cache_root(cache_dir) / "npu"
 
 
 def load_drafter(draft: DraftConfig, *, dtype: str = "bfloat16", kernels: str = "native",
@@ -193,7 +224,9 @@ class Run:
     draft model; memory: the --memory-limit plan (None without one);
     kv_tokens: KV rows per sequence; dram_budget: a streamed target's budget
     (bytes; None in memory); manifest: a store's, read once; page_cache: what
-    dropping the page cache did (None: not asked)."""
+    dropping the page cache did (None: not asked); layers: the target's
+    static-shape layer runner (lever.npu.layers.StaticLayers; None on the
+    native backend)."""
 
     config: RunConfig
     loaded: LoadedModel
@@ -205,6 +238,7 @@ class Run:
     page_cache: str | None = None
     policies: list = field(default_factory=list)
     draft_gguf: GGUFFile | None = None        # the draft's header, parsed once by the memory plan
+    layers: object = None
 
     @property
     def target(self):
@@ -238,16 +272,9 @@ class Run:
         include; first: False for another policy of the same run (another
         sampling setting): no re-measuring, no ring tuning, no progress.
         tune_ring: overrides the ring-tuning choice."""
-        cfg = self.config
-        policy = lever_policy(
-            self.target, self.drafter, target_id=self.loaded.path, kernels=cfg.target.kernels,
-            reader=cfg.reader.backend, read_limit_bytes_per_s=cfg.reader.read_limit if self.streamed else 0.0,
-            dtype=cfg.target.dtype, params=params if params is not None else decode.sampling,
-            cache_dir=cfg.cache_dir, max_nodes=max_nodes if max_nodes is not None else decode.lever_max_nodes,
-            max_depth=decode.lever_max_depth, topk=decode.lever_topk, force_profile=decode.reprofile and first,
-            tune_ring=(self.streamed and cfg.reader.auto_depth and first) if tune_ring is None else tune_ring,
-            progress=cfg.progress and first,
-            pruning=probe_forecast(pruner), npu_profile=npu_profile, context_tokens=context_tokens)
+        policy = lever_policy(self.target, self.drafter, self.config, decode, target_id=self.loaded.path,
+                              params=params, max_nodes=max_nodes, first=first, tune_ring=tune_ring,
+                              pruning=probe_forecast(pruner), npu_profile=npu_profile, context_tokens=context_tokens)
         if pruner is not None:                 # score a pass only where pruning pays (its cost model)
             pruner.pays = pruning_pays(policy.cost, pruner)
         self.policies.append(policy)
@@ -329,7 +356,8 @@ def build(config: RunConfig, *, tree_rows: int, sampling: bool, kv: KvRule, drop
     (part of the measured baseline), the memory plan under --memory-limit
     (`tree_rows`: rows of the largest pass; `sampling`: logits rows are
     kept), the target loaded (the page cache dropped first with
-    `drop_caches`), and the drafter (unless not `load_draft`: then
+    `drop_caches`) with its layers on the configured backend
+    (`apply_backend`), and the drafter (unless not `load_draft`: then
     `Run.load_draft` later).  kv: the KV rule (`kv_rule`), given the
     store's tokenizer and context (None, None for an in-memory target)."""
     target, cache_dir = config.target, config.cache_dir
@@ -352,8 +380,9 @@ def build(config: RunConfig, *, tree_rows: int, sampling: bool, kv: KvRule, drop
                                tokenizer=tokenizer, manifest=manifest)
     else:
         loaded = load_in_memory(target, cache_dir, progress=config.progress, parsed=headers.target)
+    layers = apply_backend(config.backend, loaded.model, cache_dir)
     run = Run(config, loaded, None, memory, kv_rows, budget if target.streamed else None, manifest, page_cache,
-              draft_gguf=headers.draft)
+              draft_gguf=headers.draft, layers=layers)
     if load_draft:
         run.load_draft()
     return run

@@ -140,7 +140,8 @@ def test_generate_never_writes_the_parsed_options(smol_store, monkeypatch, capsy
 def test_run_config_from_args_reads_every_part():
     args = Namespace(target_store=None, model="m", dtype="fp32", kernels="native", draft="d", draft_head="q4_0",
                      reader="pread", prefetch_depth="3", read_queue_depth=8, read_limit=5e8, memory_limit=None,
-                     dram_budget=None, cache_dir="/c", no_progress=True)
+                     dram_budget=None, context=None, backend="native", buckets=None, contexts=None, soc=None,
+                     cache_dir="/c", no_progress=True)
     config = RunConfig.from_args(args)
     assert config.target == TargetConfig(model="m", dtype="float32")
     assert config.draft == DraftConfig("d", "q4_0")
@@ -269,3 +270,66 @@ def test_generate_context_option_reaches_the_kv_reserve(smol_store, capsys):
     assert main(base + ["--max-context", "48", "--max-new-tokens", "60"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--context 48: the prompt of " in err[0] and "60 new tokens" in err[0]
+
+
+def test_one_mode_registry_drives_the_configuration_the_loop_and_the_options():
+    """lever.modes.MODES is the one list of modes: --mode's choices, the
+    configuration's rows and checks, and the loop's policy all come from it."""
+    import argparse
+
+    from lever.commands.options import add_spec_options
+    from lever.draft.policies import ChainPolicy, NoDraft, StaticTreePolicy
+    from lever.engine import SpecConfig
+    from lever.modes import MODES
+    from lever.shapes import LeverLimits, TreeShape
+
+    args = build_parser().parse_args(["generate", "--prompt", "p"])
+    parser = argparse.ArgumentParser()
+    add_spec_options(parser, "the mode")
+    mode = next(a for a in parser._actions if a.dest == "mode")
+    assert list(mode.choices) == list(MODES) == ["ar", "chain", "tree", "lever"]
+    assert (args.lever_max_nodes, args.lever_max_depth, args.lever_topk) == \
+        (LeverLimits.max_nodes, LeverLimits.max_depth, LeverLimits.topk)
+    assert DecodeConfig().lever_limits == LeverLimits()
+    assert DecodeConfig(mode="tree", tree=TreeShape(9, 2, 3)).tree_rows == 10 and DecodeConfig().tree_rows == 1
+    spec = DecodeConfig(mode="chain", draft_len=3, draft_ahead=True).spec()
+    assert spec == SpecConfig("chain", 3, draft_ahead=True) and isinstance(spec.tree_policy(), ChainPolicy)
+    assert isinstance(DecodeConfig(mode="tree").spec().tree_policy(), StaticTreePolicy)
+    assert isinstance(DecodeConfig().spec().tree_policy(), NoDraft)
+    assert DecodeConfig(mode="lever").spec(mode="tree").mode == "tree"
+    for name, m in MODES.items():
+        if m.needs_draft:
+            with pytest.raises(LeverError, match="needs --draft"):
+                DecodeConfig.from_args(build_parser().parse_args(["generate", "--prompt", "p", "--mode", name]),
+                                       draft=None, streamed=False)
+
+
+def test_the_backend_is_part_of_the_run_configuration():
+    from lever.config import BackendConfig
+
+    args = build_parser().parse_args(["generate", "--prompt", "p", "--backend", "cpu-static", "--buckets", "1,8"])
+    backend = RunConfig.from_args(args).backend
+    assert backend.name == "cpu-static" and backend.buckets == "1,8" and backend.static and backend.soc is None
+    assert not RunConfig().backend.static
+    with pytest.raises(UsageError, match="--backend"):
+        BackendConfig("npu")
+
+
+@pytest.mark.parametrize("argv", [["generate", "--prompt", "p"], ["serve"], ["serve-verifier", "--model", "m"],
+                                  ["bench"], ["profile", "--draft", "d"], ["probe", "record", "--draft", "d", "--out", "o"]])
+def test_every_command_that_builds_a_run_has_every_run_option(argv):
+    """A command that does not offer an option gets its value through the
+    option's helper (commands.options, offered=False): from_args reads the
+    parsed options as they are, with no fallback of its own."""
+    config = RunConfig.from_args(build_parser().parse_args(argv))
+    assert config.progress and config.memory.context is None and config.target.kernels == "native"
+    assert config.backend.name == "native"
+
+
+def test_no_fallback_default_for_a_parsed_option():
+    import re
+
+    package = Path(runtime.__file__).parent
+    found = [f"{p.relative_to(package)}:{i}" for p in sorted(package.rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"getattr\(args, [^)]*,", line)]
+    assert not found, "an option's default is written in commands.options only: " + ", ".join(found)

@@ -320,7 +320,8 @@ def test_an_npu_profile_step_makes_lever_end_trees_on_bucket_edges(seed, tmp_pat
 # --- measured profiles on a static backend -------------------------------------------------------
 
 def test_a_static_backend_profile_is_keyed_and_stepped(tmp_path):
-    from lever.cost.profile import load_or_measure, profile_key, profile_path, simulated_npu
+    from lever.cost.backend import simulated_npu
+    from lever.cost.profile import load_or_measure, profile_key, profile_path
     from lever.model.native_loader import load_gguf_native
     from lever.npu.backend import use_static_backend
     from lever.npu.buckets import BucketSet

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import LeverError
 from .bench_modes import BenchMode, parse_modes, with_probe_twins
+from .bench_options import add_arguments
 from .bench_setup import check_options, counts, default_out_dir, mode_texts
 
 CHILD_TIMEOUT_S = 3 * 3600           # seconds one mode's child may run
@@ -116,15 +117,13 @@ def describe_limit(option: list[str]) -> str:
 def child_command(args, mode: BenchMode, out_dir: Path) -> list[str]:
     """argv of the child that runs `mode`: this command's options (those that
     differ from the defaults) less the per-child ones, then the child's own."""
-    from .bench import add_arguments
-
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser)
     defaults = vars(parser.parse_args([]))
     argv = [sys.executable, "-m", "lever.cli", "bench"]
     for action in parser._actions:
         dest = action.dest
-        value = getattr(args, dest, defaults.get(dest))
+        value = getattr(args, dest)
         if (dest in PER_CHILD or not action.option_strings or value == defaults.get(dest)
                 or action.help == argparse.SUPPRESS):          # a hidden alias: its option passes it on
             continue

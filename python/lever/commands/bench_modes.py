@@ -75,7 +75,7 @@ def parse_base_mode(text: str) -> BenchMode:
     """'ar', 'chain:K', 'tree:N' (node budget N, topk 4, depth 8), 'tree:N:TOPK:DEPTH',
     or 'lever' / 'lever:N' (the gain-cost policy, at most N draft nodes, default 255);
     each number within the limits of lever.commands.limits."""
-    from ..draft.base import TreeShape
+    from ..shapes import TreeShape
     from ..engine import SpecConfig
 
     parts = text.strip().lower().split(":")
@@ -91,8 +91,8 @@ def parse_base_mode(text: str) -> BenchMode:
     if kind == "ar" and not values:
         return BenchMode("ar", SpecConfig("ar"))
     if kind == LEVER and len(values) <= 1:
-        from ..mode_lever import DEFAULT_MAX_NODES
-        nodes = values[0] if values else DEFAULT_MAX_NODES
+        from ..shapes import LeverLimits
+        nodes = values[0] if values else LeverLimits.max_nodes
         _check_limits(text, [("draft nodes", nodes, MAX_TREE_NODES)])
         return BenchMode(LEVER if not values else f"{LEVER}:{nodes}", None, lever_nodes=nodes)
     if kind == "chain" and len(values) == 1:

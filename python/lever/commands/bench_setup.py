@@ -154,7 +154,7 @@ def check_options(args, modes: list[BenchMode]) -> None:
     if args.target_store and args.kernels == "torch":
         raise LeverError("--kernels torch runs in-memory models only (the torch reference); a --target-store "
                          "streams on the native decoder")
-    if getattr(args, "npu_profile", None) and not any(m.lever_nodes for m in modes):
+    if args.npu_profile and not any(m.lever_nodes for m in modes):
         raise LeverError("--npu-profile sizes the trees of mode lever; --modes has no lever mode")
 
 
@@ -175,20 +175,17 @@ def load_target(args, b: BenchSetup, cleanup: list) -> None:
     b.ids = kv.prompt_ids(b.loaded)
     if b.streamed:
         cleanup.append(b.target.close)          # the reader's threads and file descriptors
-    from .static_backend import apply_backend
-    b.layers = apply_backend(args, b.target)  # None on the native backend
+    b.layers = b.run.layers                   # None on the native backend
     b.load_s = time.perf_counter() - t0
     if args.resident and b.streamed:          # the same store with every extent pinned in DRAM
         b.resident = load_streamed(config.target, ReaderConfig(backend=config.reader.backend), EVERYTHING,
-                                   kv_tokens=b.kv_tokens, tokenizer=b.loaded.tokenizer, manifest=b.manifest).model
+                                   kv_tokens=b.kv_tokens, tokenizer=b.loaded.tokenizer, manifest=b.manifest,
+                                   backend=config.backend, cache_dir=config.cache_dir).model   # layers where the target's run
         cleanup.append(b.resident.close)
-        apply_backend(args, b.resident)       # the reference runs its layers where the target does
 
 
 def load_draft(args, b: BenchSetup) -> None:
     """The drafter (when a mode drafts), the stop ids, and one lever policy per lever mode."""
-    from ..engine import SpecConfig
-
     if b.needs_draft:
         b.run.load_draft()
     b.drafter = b.run.drafter
@@ -197,16 +194,17 @@ def load_draft(args, b: BenchSetup) -> None:
         print("lever bench: --probes auto: no probe worth running for this target; running without the "
               "+probes twins", file=sys.stderr)
         b.modes = [m for m in b.modes if m.label not in b.probe_twins]
-    decode = DecodeConfig(sampling=b.params)
     for i, m in enumerate(b.modes):
         pruner = b.run.pruner("on") if m.probes else None
         if pruner is not None and not m.lever_nodes:
             b.modes[i] = m = replace(m, spec=replace(m.spec, pruner=pruner))
         if m.lever_nodes:
-            policy = b.run.lever_policy(decode, max_nodes=m.lever_nodes, pruner=pruner, npu_profile=b.npu_profile,
+            decode = DecodeConfig(mode=LEVER, lever_max_nodes=m.lever_nodes, draft_ahead=m.draft_ahead,
+                                  sampling=b.params)
+            policy = b.run.lever_policy(decode, pruner=pruner, npu_profile=b.npu_profile,
                                         context_tokens=max(map(len, b.ids)) + b.new_tokens)
             b.policies.append(policy)
-            b.modes[i] = replace(m, spec=SpecConfig(LEVER, policy=policy, draft_ahead=m.draft_ahead, pruner=pruner))
+            b.modes[i] = replace(m, spec=decode.spec(policy=policy, pruner=pruner))
     b.calibration_start = [p.calibration.observations for p in b.policies]
 
 

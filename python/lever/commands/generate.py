@@ -14,7 +14,7 @@ from . import arg_types
 from .limits import MAX_CALL_COST_MS, MAX_RETRY_DEADLINE_S
 from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_dram_budget,
                       add_max_new_tokens, add_probes, add_reader_options, add_reprofile, add_sampling_options,
-                      add_spec_options, add_target_store)
+                      add_no_progress, add_spec_options, add_target_store)
 from ..memory.run_plan import memory_report
 from .memory_limit import print_memory_line
 from .prompt_input import add_prompt_options, read_prompt
@@ -35,6 +35,7 @@ def add_parser(subparsers) -> None:
     add_compute_options(p)
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     add_cache_dir(p)
+    add_no_progress(p, offered=False)
     flash = p.add_argument_group("flash-resident target")
     add_target_store(flash)
     add_dram_budget(flash, "the target")
@@ -93,7 +94,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """parse -> config -> build -> generate -> report."""
-    from .static_backend import apply_backend, check_backend_args, draft_ahead_default
+    from .static_backend import check_backend_args, draft_ahead_default
     checks = check_backend_args(args, kernels=args.kernels, remote=args.remote, probes=args.probes)
     prompt = read_prompt(args)
     if args.remote:
@@ -102,14 +103,15 @@ def run(args: argparse.Namespace) -> int:
         raise LeverError("--remote-engine, --remote-model and --vllm-branches need --remote URL")
     config = RunConfig.from_args(args)
     decode = DecodeConfig.from_args(args, draft=args.draft, streamed=config.target.streamed, probes=checks.probes,
-                                    draft_ahead=args.draft_ahead or draft_ahead_default(args, args.draft))
+                                    draft_ahead=args.draft_ahead or draft_ahead_default(args, args.draft),
+                                    chat=not args.no_chat, ignore_eos=args.ignore_eos)
     if checks.npu_profile and decode.mode != "lever":
         raise LeverError(f"--npu-profile sizes the trees of mode lever; this run's mode is {decode.mode}")
     run = build(config, tree_rows=decode.tree_rows, sampling=not decode.sampling.greedy,
                 kv=kv_rule(new_tokens=max(0, decode.max_new_tokens), floor=MIN_KV_TOKENS,
                            in_memory=decode.max_new_tokens + PROMPT_ALLOWANCE),
                 drop_caches=args.drop_caches)
-    layers = apply_backend(args, run.target)          # None on the native backend
+    layers = run.layers                               # None on the native backend
     spec = speculation(run, decode, prompt, checks.npu_profile) if args.draft or decode.mode != "ar" else None
     completion = run.generate(prompt, decode, spec=spec, on_text=None if args.json else stream)
     run.save_calibrations()
@@ -135,8 +137,7 @@ def speculation(run, decode: DecodeConfig, prompt: str, npu_profile) -> SpecConf
     if decode.mode == "lever":
         context = len(run.loaded.prompt_ids(prompt, chat=decode.chat)) + decode.max_new_tokens
         policy = run.lever_policy(decode, context_tokens=context, pruner=pruner, npu_profile=npu_profile)
-    return SpecConfig(decode.mode, decode.draft_len, decode.tree, policy=policy, draft_ahead=decode.draft_ahead,
-                      pruner=pruner)
+    return decode.spec(policy=policy, pruner=pruner)
 
 
 def json_report(args, run, decode: DecodeConfig, spec: SpecConfig | None, completion, layers) -> dict:
@@ -199,7 +200,8 @@ def run_remote(args: argparse.Namespace, prompt: str) -> int:
                          "(run it with --probes off or auto)")
     remote = RemoteConfig.from_args(args, token=read_token(args.token_file) if args.token_file else None)
     decode = DecodeConfig.from_args(args, draft=args.draft, streamed=True,   # default mode: lever
-                                    draft_ahead=args.draft_ahead)
+                                    draft_ahead=args.draft_ahead, probes=args.probes, chat=not args.no_chat,
+                                    ignore_eos=args.ignore_eos)
     target = RemoteTarget.from_config(remote, decode, args.draft, cache_dir=args.cache_dir)
     p = decode.sampling
     try:

@@ -1,10 +1,18 @@
-"""Command-line options shared by several subcommands (one definition each)."""
+"""Command-line options shared by several subcommands (one definition each).
+
+A command that does not offer one of these options still gets its value
+through the option's helper (`offered=False`: the default set on its parser,
+not shown), so that the run configuration (lever.config `from_args`) reads
+every value from the parsed command line and writes no fallback of its own."""
 
 from __future__ import annotations
 
 import argparse
 
+from ..config import BACKENDS, DecodeConfig
+from ..modes import MODES
 from ..sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
+from ..shapes import LeverLimits, TreeShape
 from ..store.flash_reader import DEFAULT_QUEUE_DEPTH
 from . import arg_types
 from .limits import (MAX_CONTEXT_TOKENS, MAX_DRAFT_LEN, MAX_NEW_TOKENS, MAX_PREFETCH_DEPTH, MAX_READ_QUEUE_DEPTH,
@@ -38,12 +46,15 @@ def add_max_new_tokens(p, *, default: int | None, help: str, lo: int = 1, old: s
         add_hidden_alias(p, old, "max_new_tokens", type=arg_types.integer(lo, MAX_NEW_TOKENS), metavar="N")
 
 
-def add_context(p) -> None:
+def add_context(p, *, offered: bool = True) -> None:
     """--context N (alias --max-context): the tokens (prompt and output
     together) the KV caches are sized for, 1..MAX_CONTEXT_TOKENS, into
     `args.context`; None (the default) keeps the usual rule (lever.runtime.kv_rule:
     a prompt allowance + --max-new-tokens, for a store at least MIN_KV_TOKENS,
-    at most the model's context)."""
+    at most the model's context).  Not `offered`: always the default."""
+    if not offered:
+        p.set_defaults(context=None)
+        return
     p.add_argument("--context", "--max-context", dest="context", type=arg_types.integer(1, MAX_CONTEXT_TOKENS),
                    default=None, metavar="N",
                    help=f"size the KV cache for N tokens, prompt and output together, 1..{MAX_CONTEXT_TOKENS:,} "
@@ -51,8 +62,12 @@ def add_context(p) -> None:
                         f"least 2,048, at most the model's context); a smaller N lowers a store's DRAM floor")
 
 
-def add_target_store(p, instead_of: str = "--model") -> None:
-    """--target-store DIR: stream the target from a flash store instead of `instead_of`."""
+def add_target_store(p, instead_of: str = "--model", *, offered: bool = True) -> None:
+    """--target-store DIR: stream the target from a flash store instead of `instead_of`
+    (not `offered`: none)."""
+    if not offered:
+        p.set_defaults(target_store=None)
+        return
     p.add_argument("--target-store", type=arg_types.store_dir, default=None, metavar="DIR",
                    help=f"stream the target from this store (see `lever convert`) instead of {instead_of}")
 
@@ -62,14 +77,19 @@ KERNELS_HELP = ("native: the native decoder, quantised matrices stay quantised a
                 "lever-llm[torch]; in-memory targets only)")
 
 
+KERNELS_DEFAULT = "native"
+
+
 def add_compute_options(p, *, kernels: bool = True) -> None:
     """--dtype (any spelling of float32 / bfloat16, parsed to its one name) and
-    (with `kernels`) --kernels native|torch."""
+    (with `kernels`; else always the native kernels) --kernels native|torch."""
     p.add_argument("--dtype", type=arg_types.dtype, default="bfloat16", metavar="DTYPE",
                    help="compute dtype: bfloat16 (bf16, the default) or float32 (fp32, f32): the KV cache's "
                         "element type on the native decoder, the compute dtype of the torch reference")
     if kernels:
-        p.add_argument("--kernels", default="native", choices=["native", "torch"], help=KERNELS_HELP)
+        p.add_argument("--kernels", default=KERNELS_DEFAULT, choices=["native", "torch"], help=KERNELS_HELP)
+    else:
+        p.set_defaults(kernels=KERNELS_DEFAULT)
 
 
 
@@ -125,19 +145,22 @@ def add_cache_dir(p) -> None:
                         "(default: $LEVER_CACHE_DIR or ~/.cache/lever)")
 
 
-BACKEND_CHOICES = ("native", "cpu-static", "qnn")
-
-
-def add_backend_options(p, *, backend: bool = True, npu_profile: bool = True) -> None:
+def add_backend_options(p, *, backend: bool = True, npu_profile: bool = True, offered: bool = True) -> None:
     """(With `backend`) --backend native|cpu-static|qnn, --buckets LIST, --contexts
-    LIST, --soc ID and (with `npu_profile`) --npu-profile FILE: where the target's
-    decoder layers run (lever.npu; checked and applied by commands.static_backend)."""
+    LIST, --soc ID and (with `npu_profile`) --npu-profile FILE (not `offered`:
+    the native backend, none of these options shown): where the target's
+    decoder layers run (lever.npu; checked by commands.static_backend, applied by
+    lever.runtime.build as the run configuration's BackendConfig)."""
     from ..npu.buckets import DEFAULT_CONTEXTS, DEFAULT_ROWS
     from ..npu.runtime import DEFAULT_SOC, SOCS
 
+    if not offered:
+        p.set_defaults(backend=BACKENDS[0], buckets=None, contexts=None, soc=None, npu_profile=None)
+        return
+
     g = p.add_argument_group("static-shape backends (NPU through ONNX Runtime; see `lever compile-npu`)")
     if backend:
-        g.add_argument("--backend", default="native", choices=BACKEND_CHOICES,
+        g.add_argument("--backend", default=BACKENDS[0], choices=BACKENDS,
                        help="where the target's decoder layers run: native = Lever's CPU kernels (default); "
                             "cpu-static = ONNX Runtime's CPU EP on static-shape bucket graphs; qnn = the QNN HTP "
                             "(an NPU; simulated on an x86-64 host, where its timings are not NPU speed). Static "
@@ -162,8 +185,12 @@ def add_backend_options(p, *, backend: bool = True, npu_profile: bool = True) ->
 DRAFT_HEAD_DEFAULT = "stored"
 
 
-def add_draft_head(p) -> None:
-    """--draft-head {stored,q4_0}: the draft model's output head as stored, or re-quantised to Q4_0."""
+def add_draft_head(p, *, offered: bool = True) -> None:
+    """--draft-head {stored,q4_0}: the draft model's output head as stored, or
+    re-quantised to Q4_0 (not `offered`: as stored)."""
+    if not offered:
+        p.set_defaults(draft_head=DRAFT_HEAD_DEFAULT)
+        return
     p.add_argument("--draft-head", default=DRAFT_HEAD_DEFAULT, choices=["stored", "q4_0"],
                    help="the draft model's output head as its file stores it, or re-quantised to Q4_0 as it "
                         "loads: fewer bytes per draft forward and in DRAM (native kernels; the target's "
@@ -176,27 +203,35 @@ def add_spec_options(spec, mode_help: str) -> None:
     and --lever-max-nodes/-max-depth/-topk, on the argument group `spec`."""
     add_draft(spec)
     add_draft_head(spec)
-    spec.add_argument("--mode", default=None, choices=["ar", "chain", "tree", "lever"], help=mode_help)
-    spec.add_argument("--draft-len", type=arg_types.integer(1, MAX_DRAFT_LEN), default=4, metavar="K",
-                      help=f"chain length, 1..{MAX_DRAFT_LEN} (default 4)")
-    spec.add_argument("--tree-budget", type=arg_types.integer(1, MAX_TREE_NODES), default=32, metavar="N",
-                      help=f"draft nodes per tree, 1..{MAX_TREE_NODES} (default 32)")
-    spec.add_argument("--tree-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
-                      help=f"children per node, 1..{MAX_TREE_TOPK} (default 4)")
-    spec.add_argument("--tree-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=8, metavar="D",
-                      help=f"tree levels, 1..{MAX_TREE_DEPTH} (default 8)")
-    spec.add_argument("--lever-max-nodes", type=arg_types.integer(1, MAX_TREE_NODES), default=255, metavar="N",
-                      help=f"mode lever: draft nodes per tree at most, 1..{MAX_TREE_NODES} (default 255)")
-    spec.add_argument("--lever-max-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=12, metavar="D",
-                      help=f"mode lever: deepest draft node, 1..{MAX_TREE_DEPTH} (default 12)")
-    spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=4, metavar="K",
+    spec.add_argument("--mode", default=None, choices=list(MODES), help=mode_help)
+    k, tree, lever = DecodeConfig.draft_len, TreeShape(), LeverLimits()
+    spec.add_argument("--draft-len", type=arg_types.integer(1, MAX_DRAFT_LEN), default=k, metavar="K",
+                      help=f"chain length, 1..{MAX_DRAFT_LEN} (default {k})")
+    spec.add_argument("--tree-budget", type=arg_types.integer(1, MAX_TREE_NODES), default=tree.budget, metavar="N",
+                      help=f"draft nodes per tree, 1..{MAX_TREE_NODES} (default {tree.budget})")
+    spec.add_argument("--tree-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=tree.topk, metavar="K",
+                      help=f"children per node, 1..{MAX_TREE_TOPK} (default {tree.topk})")
+    spec.add_argument("--tree-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=tree.depth, metavar="D",
+                      help=f"tree levels, 1..{MAX_TREE_DEPTH} (default {tree.depth})")
+    spec.add_argument("--lever-max-nodes", type=arg_types.integer(1, MAX_TREE_NODES), default=lever.max_nodes,
+                      metavar="N", help=f"mode lever: draft nodes per tree at most, 1..{MAX_TREE_NODES} "
+                                        f"(default {lever.max_nodes})")
+    spec.add_argument("--lever-max-depth", type=arg_types.integer(1, MAX_TREE_DEPTH), default=lever.max_depth,
+                      metavar="D", help=f"mode lever: deepest draft node, 1..{MAX_TREE_DEPTH} "
+                                        f"(default {lever.max_depth})")
+    spec.add_argument("--lever-topk", type=arg_types.integer(1, MAX_TREE_TOPK), default=lever.topk, metavar="K",
                       help=f"mode lever: children the draft offers per expanded node, 1..{MAX_TREE_TOPK} "
-                           f"(default 4)")
+                           f"(default {lever.topk})")
 
 
-def add_draft(p, *, default: str | None = None, required: bool = False, note: str = "") -> None:
+def add_draft(p, *, default: str | None = None, required: bool = False, note: str = "",
+              offered: bool = True) -> None:
     """--draft NAME: the draft model kept in DRAM (registered name or path) or
-    'ngram' (prompt lookup); `note` ends the help (what this command needs of it)."""
+    'ngram' (prompt lookup); `note` ends the help (what this command needs of it).
+    Not `offered`: `default` (None: no draft)."""
+    if not offered:
+        p.set_defaults(draft=default)
+        return
     p.add_argument("--draft", type=arg_types.name, default=default, required=required, metavar="NAME",
                    help="draft model kept in DRAM (registered name or path), or 'ngram' (prompt lookup)"
                         + (f"; {note}" if note else ""))
@@ -214,8 +249,11 @@ def add_reprofile(p) -> None:
                         "even if one is cached; without it a first run estimates the profile in seconds")
 
 
-def add_no_progress(p) -> None:
-    """--no-progress: no progress lines or bars on stderr."""
+def add_no_progress(p, *, offered: bool = True) -> None:
+    """--no-progress: no progress lines or bars on stderr (not `offered`: progress shown)."""
+    if not offered:
+        p.set_defaults(no_progress=False)
+        return
     p.add_argument("--no-progress", action="store_true", help="no progress lines or bars on stderr")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from ..atomic_write import write_atomic
 from ..errors import LeverError
 from . import arg_types
-from .options import (add_cache_dir, add_compute_options, add_draft, add_draft_head, add_dram_budget,
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_draft, add_draft_head, add_dram_budget,
                       add_max_new_tokens, add_no_progress, add_reader_options, add_target_choice)
 
 CORPUS = "calibration_prompts_v1.json"
@@ -68,6 +68,8 @@ def add_record(sub) -> None:
     add_reader_options(p)
     add_cache_dir(p)
     add_no_progress(p)
+    add_context(p, offered=False)
+    add_backend_options(p, offered=False)
     p.set_defaults(run=run_record)
 
 
@@ -138,12 +140,11 @@ def corpus_prompts(limit: int | None) -> list[dict]:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from ..config import RunConfig
-    from ..draft.base import TreeShape
-    from ..engine import SpecConfig
+    from ..config import DecodeConfig, RunConfig
     from ..probe.store import probe_key_for
     from ..probe.traces import default_layers, record_traces
     from ..runtime import MIN_KV_TOKENS, PromptSetKv, build
+    from ..shapes import TreeShape
 
     if args.draft == "ngram":
         raise LeverError("lever probe record needs a draft model (--draft NAME): prompt lookup ('ngram') has "
@@ -164,12 +165,11 @@ def run_record(args: argparse.Namespace) -> int:
         drafter = run.drafter
         specs, profile = {}, None
         if "tree" in args.policies:
-            specs["tree"] = SpecConfig("tree", tree=tree)
+            specs["tree"] = DecodeConfig(mode="tree", tree=tree).spec()
         if "lever" in args.policies:
-            from ..config import DecodeConfig
-            policy = run.lever_policy(DecodeConfig(), max_nodes=LEVER_MAX_NODES, context_tokens=MIN_KV_TOKENS,
-                                      tune_ring=False)
-            specs["lever"] = SpecConfig("lever", policy=policy)
+            decode = DecodeConfig(mode="lever", lever_max_nodes=LEVER_MAX_NODES)
+            policy = run.lever_policy(decode, context_tokens=MIN_KV_TOKENS, tune_ring=False)
+            specs["lever"] = decode.spec(policy=policy)
             profile = getattr(policy.cost, "profile", None)
         layers = args.layers or default_layers(target.config.n_layers)
         meta = record_traces(target, drafter, [{**p, "ids": i} for p, i in zip(prompts, ids)], args.out,

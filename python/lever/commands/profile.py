@@ -13,7 +13,7 @@ from . import arg_types
 from .limits import MAX_TREE_NODES
 from ..memory.run_plan import memory_report
 from .memory_limit import print_memory_line
-from .options import (add_backend_options, add_cache_dir, add_compute_options, add_draft, add_draft_head,
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_draft, add_draft_head,
                       add_dram_budget, add_no_progress, add_probes, add_reader_options, add_target_choice)
 
 # KV rows a streamed target budgets for, as `lever generate` does for short
@@ -60,6 +60,7 @@ def add_parser(subparsers) -> None:
                         "'lever-llm[plot]')")
     add_no_progress(p)
     add_backend_options(p)
+    add_context(p, offered=False)
     p.set_defaults(run=run)
 
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cost.cost_model import CostModel
     from ..cost.profile import DEFAULT_DRAFT_GRID, load_or_measure, profile_key, profile_path
     from ..runtime import build, kv_rule
-    from .static_backend import apply_backend, check_backend_args, is_static
+    from .static_backend import check_backend_args
 
     checks = check_backend_args(args, kernels=args.kernels, probes=args.probes)
     if args.plot:                 # before a minute of measuring, not after it
@@ -93,9 +94,8 @@ def run(args: argparse.Namespace) -> int:
                 kv=kv_rule(new_tokens=0, prompt_tokens=PROFILE_KV_TOKENS), load_draft=False)
     memory, loaded = run.memory, run.loaded
     target = loaded.model
-    apply_backend(args, target)
     # a static backend measures its row buckets (lever.cost.profile.measure_defaults): a step function
-    grid = {} if is_static(args) else {"n_grid": n_grid}
+    grid = {} if config.backend.static else {"n_grid": n_grid}
     npu_info = None
     try:
         run.load_draft()
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                                    progress=progress, draft_grid=DEFAULT_DRAFT_GRID, **grid)
 
         if checks.npu_profile is not None:
-            from ..cost.measure import printer
+            from ..cost.timing import printer
             profile, npu_info = checks.npu_profile.device_profile(target, PROFILE_KV_TOKENS, host=measured,
                                                                   say=printer(progress))
         else:

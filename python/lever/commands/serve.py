@@ -14,9 +14,9 @@ from ..engine import SpecConfig
 from ..errors import LeverError
 from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
-from .options import (add_cache_dir, add_compute_options, add_context, add_dram_budget, add_keepalive_and_drain,
-                      add_max_new_tokens, add_reader_options, add_reprofile, add_sampling_options, add_server_address,
-                      add_spec_options, add_target_store)
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_dram_budget,
+                      add_keepalive_and_drain, add_max_new_tokens, add_no_progress, add_reader_options, add_reprofile,
+                      add_sampling_options, add_server_address, add_spec_options, add_target_store)
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -53,6 +53,8 @@ def add_parser(subparsers) -> None:
     add_sampling_options(p, top=True, seed_default=None)
     add_compute_options(p)
     add_cache_dir(p)
+    add_no_progress(p, offered=False)
+    add_backend_options(p, offered=False)
     flash = p.add_argument_group("flash-resident target")
     add_target_store(flash)
     add_dram_budget(flash, "the target")
@@ -73,8 +75,7 @@ def build_specs(run, decode: DecodeConfig):
     """The SpecConfig of each request's sampling (lever.serve.specs), built as
     `lever generate` builds them: one mode lever policy per sampling setting."""
     from ..serve.specs import LeverSpecs, fixed_specs
-    base = SpecConfig("tree" if decode.mode == "lever" else decode.mode, decode.draft_len, decode.tree,
-                      draft_ahead=decode.draft_ahead)
+    base = decode.spec(mode="tree" if decode.mode == "lever" else None)
     if decode.mode != "lever":
         return fixed_specs(base)
 

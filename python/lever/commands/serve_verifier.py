@@ -15,8 +15,9 @@ from ..errors import LeverError
 from ..http.address import base_url, is_loopback
 from . import arg_types
 from .limits import MAX_IDLE_TTL_S, MAX_NEW_TOKENS, MAX_SESSIONS, MAX_TREE_NODES
-from .options import (add_cache_dir, add_compute_options, add_dram_budget, add_keepalive_and_drain,
-                      add_reader_options, add_server_address)
+from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_draft, add_draft_head,
+                      add_dram_budget, add_keepalive_and_drain, add_no_progress, add_reader_options, add_server_address,
+                      add_target_store)
 
 VERIFY_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 MIN_TOKEN_BYTES = 16
@@ -66,6 +67,8 @@ def add_parser(subparsers) -> None:
     add_compute_options(p)
     add_cache_dir(p)
     add_reader_options(p)
+    for not_offered in (add_target_store, add_draft, add_draft_head, add_context, add_no_progress, add_backend_options):
+        not_offered(p, offered=False)
     p.set_defaults(run=run)
 
 

@@ -1,6 +1,7 @@
 """`--backend cpu-static|qnn` on generate, bench and profile: the checks made
-before anything loads, putting a loaded target's layers on the backend, and
-the lines and JSON that report it.  The options themselves are defined once
+before anything loads, and the lines and JSON that report it (the backend
+itself is part of the run configuration, lever.config.BackendConfig, and
+lever.runtime.build puts the target's layers on it).  The options themselves are defined once
 in commands.options.add_backend_options.
 
 On a static-shape backend the CPU keeps every decision and the draft, and
@@ -19,7 +20,7 @@ from ..errors import UsageError
 
 
 def is_static(args) -> bool:
-    return getattr(args, "backend", "native") != "native"
+    return args.backend != "native"
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ def check_backend_args(args, *, kernels: str = "native", remote=None, probes: st
     """Refuse what a static backend cannot run (one line each), before anything
     loads; check onnxruntime (and onnxruntime-qnn) are installed and read the
     --npu-profile file.  `args` is only read; the resolved values are returned."""
-    backend = getattr(args, "backend", "native")
-    if getattr(args, "soc", None) is not None and backend != "qnn":
+    backend = args.backend
+    if args.soc is not None and backend != "qnn":
         raise UsageError(f"--soc chooses the SoC of --backend qnn; this run's backend is {backend}")
     if backend != "native":
         if kernels == "torch":
@@ -54,7 +55,7 @@ def check_backend_args(args, *, kernels: str = "native", remote=None, probes: st
             probes = "off"
         check_installed(backend)
     npu_profile = None
-    if getattr(args, "npu_profile", None):
+    if args.npu_profile:
         if remote:
             raise UsageError("--npu-profile sizes the trees of a target in this process; with --remote the "
                              "server verifies (choose one)")
@@ -80,37 +81,22 @@ def bucket_set(args):
 
 
 def qnn_target(args):
-    """The QnnTarget of --soc (default SoC) for qnn, else None."""
-    from ..npu.runtime import DEFAULT_SOC, QnnTarget
-    return QnnTarget(args.soc or DEFAULT_SOC) if getattr(args, "backend", "native") == "qnn" else None
+    """The QnnTarget of --soc (default SoC) for qnn, else None (lever.runtime.qnn_target)."""
+    from ..runtime import qnn_target as target_of
+    return target_of(args.backend, args.soc)
 
 
 def context_root(args):
-    """Where context binaries are cached: <cache root>/npu (--cache-dir, $LEVER_CACHE_DIR, ~/.cache/lever)."""
-    from ..values import cache_root
-    return cache_root(getattr(args, "cache_dir", None)) / "npu"
-
-
-def apply_backend(args, model):
-    """Run `model`'s decoder layers (a NativeDecoder or StreamedDecoder, just
-    loaded) on --backend; returns the layer runner (lever.npu.layers.StaticLayers),
-    or None on the native backend."""
-    if not is_static(args):
-        return None
-    from ..model.native_decoder import NativeDecoder
-    from ..npu.backend import use_static_backend
-    if not isinstance(model, NativeDecoder):
-        raise UsageError(f"--backend {args.backend} needs the native decoder (--kernels native and a GGUF model "
-                         f"or a flash store)")
-    return use_static_backend(model, args.backend, bucket_set(args), target=qnn_target(args),
-                              root=context_root(args))
+    """Where context binaries are cached (lever.runtime.npu_root of --cache-dir)."""
+    from ..runtime import npu_root
+    return npu_root(args.cache_dir)
 
 
 def draft_ahead_default(args, draft: str | None) -> bool:
     """Whether to draft ahead when the command line does not say: on a static
     backend with a draft model (the draft runs on the CPU while the target's
     layers run on the NPU), unless --no-draft-ahead."""
-    if getattr(args, "no_draft_ahead", False):
+    if args.no_draft_ahead:
         return False
     return is_static(args) and bool(draft) and draft != "ngram"
 
@@ -121,7 +107,7 @@ def backend_json(args, layers) -> dict:
     buckets, the SoC and whether the NPU is simulated."""
     if layers is None:
         return {"backend": "native"}
-    from ..cost.profile import simulated_backend
+    from ..cost.backend import simulated_backend
     out = {**layers.report(), "rows_buckets": [int(r) for r in layers.planner.rows],
            "context_buckets": [int(c) for c in layers.planner.contexts]}
     target = getattr(layers.graphs, "target", None)

@@ -36,25 +36,21 @@ flash.  Times are seconds.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
 
 import numpy as np
 
 from ..errors import ProfileError
-from ..masks import causal_mask
 from ..store.flash_reader import aligned_empty
-from ..tree import TokenTree
 from ..values import fmt_bytes
+from .backend import simulated_npu, static_layers, target_backend
 from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, DeviceProfile, Stage, check_grid
+from .timing import (OVERHEAD_NODES, Run, compact_seconds, context_cache, forward_run, printer, random_tree,
+                     target_run, tree_walk_seconds)
 
 IO_READS = 3                 # synchronous reads per streamed extent (median)
-OVERHEAD_NODES = 32          # tree size of the iteration-overhead measurement
-OVERHEAD_REPEATS = 20
-COMPACT_REPEATS = 3          # cache compactions timed per model (each after an untimed tree forward)
 
 DEFAULT_REPEATS = 5          # timed runs per grid point
 OUTLIER_K = 3.0              # a run this many robust SDs from the median is dropped ...
@@ -66,10 +62,6 @@ VALIDATION_REPEATS = 3       # runs of one check
 VALIDATION_FLOOR = 0.10      # a check agrees within max(10 %, ...
 VALIDATION_K = 3.0           # ... 3 spreads) of the stored median
 VALIDATION_RETRIES = 2       # re-measurements of a disagreeing point at most
-
-# one timed forward over n tree tokens -> [(stage name, seconds)] in pass order
-Run = Callable[[int], list[tuple[str, float]]]
-
 
 @dataclass
 class PointTimes:
@@ -115,14 +107,13 @@ def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft
         target.settle()              # the ring's reads in flight are the next pass's, not the measurement's
     counter = ReadCounter(target)
     io = _measure_io(target, say) if streamed else {}
-    from .profile import simulated_npu, static_layers, target_backend
     fixed = static_layers(target) is not None
-    target_cache = _context_cache(target, ctx, max(n_grid[-1], OVERHEAD_NODES), rng)
-    run_target = _target_run(target, target_cache, rng)
+    target_cache = context_cache(target, ctx, max(n_grid[-1], OVERHEAD_NODES), rng)
+    run_target = target_run(target, target_cache, rng)
     warm_up(run_target, n_grid, every=fixed)
     target_points = measure_curve(run_target, n_grid, repeats, say, "target", "n", "compute ")
-    draft_cache = _context_cache(draft_model, ctx, draft_grid[-1], rng)
-    run_draft = _forward_run(draft_model, draft_cache, rng)
+    draft_cache = context_cache(draft_model, ctx, draft_grid[-1], rng)
+    run_draft = forward_run(draft_model, draft_cache, rng)
     warm_up(run_draft, draft_grid)
     draft_points = measure_curve(run_draft, draft_grid, repeats, say, "draft", "f")
     validation = (validate_curve(run_target, target_points, repeats, say, "target", "n")
@@ -277,14 +268,6 @@ def validate_curve(run: Run, points: list[PointTimes], repeats: int, say, curve:
     return records
 
 
-def printer(progress: bool):
-    """say(line): a progress line on stderr when `progress`, else nothing."""
-    def say(line: str) -> None:
-        if progress:
-            print(line, file=sys.stderr, flush=True)
-    return say
-
-
 # -- flash ------------------------------------------------------------------------
 
 def _measure_io(target, say) -> dict[str, tuple[float, int]]:
@@ -312,95 +295,15 @@ def _measure_io(target, say) -> dict[str, tuple[float, int]]:
 
 # -- compute ----------------------------------------------------------------------
 
-def random_tree(n: int, vocab: int, rng: np.random.Generator) -> TokenTree:
-    """A random valid token tree of `n` nodes (root included), distinct tokens
-    (a vocabulary smaller than n repeats tokens, never among siblings)."""
-    tokens = rng.choice(vocab, size=n, replace=False) if n <= vocab else rng.integers(0, vocab, n)
-    tree = TokenTree(int(tokens[0]))
-    for i in range(1, n):
-        parent = int(rng.integers(0, i))
-        if n > vocab:           # another parent and token until no sibling has it
-            used = {tree.token(c) for c in tree.children(parent)}
-            while int(tokens[i]) in used:
-                parent = int(rng.integers(0, i))
-                used = {tree.token(c) for c in tree.children(parent)}
-                tokens[i] = rng.integers(0, vocab)
-        tree.add(parent, int(tokens[i]), -1.0)
-    return tree
-
-
-def _tree_forward(model, tree: TokenTree, cache, keep: bool = False) -> None:
-    """One forward of `tree` after the cached rows, with the head a greedy
-    verification uses (the argmax of every node: the whole head is computed,
-    no [nodes, vocab] logits are kept); its rows are truncated away again
-    unless `keep`."""
-    n_cached = cache.length
-    model(tree.tokens().astype(np.int64), tree.positions(n_cached), tree.mask(n_cached), cache, head="argmax")
-    if not keep:
-        cache.truncate(n_cached)
-
-
-def _context_cache(model, ctx: int, extra: int, rng: np.random.Generator):
-    """A fresh cache holding `ctx` random tokens, with room for `extra` more."""
-    cache = model.new_cache(capacity=ctx + extra)
-    tokens = rng.integers(0, model.config.vocab_size, ctx).astype(np.int64)
-    model(tokens, np.arange(ctx, dtype=np.int64), causal_mask(ctx, 0), cache,
-          logits_rows=np.array([ctx - 1], dtype=np.int64), head="argmax")
-    return cache
-
-
-def _timed_stages(model, tree: TokenTree, cache) -> list[tuple[str, float]]:
-    model.stage_times = []
-    try:
-        _tree_forward(model, tree, cache)
-        return model.stage_times
-    finally:
-        model.stage_times = None
-
-
-def _target_run(model, cache, rng) -> Run:
-    """One timed target forward of a random n-node tree: its per-stage compute seconds."""
-    vocab = model.config.vocab_size
-    return lambda n: _timed_stages(model, random_tree(n, vocab, rng), cache)
-
-
-def _forward_run(model, cache, rng) -> Run:
-    """One timed whole forward of a random f-node tree: [("forward", seconds)]."""
-    vocab = model.config.vocab_size
-
-    def run(f: int) -> list[tuple[str, float]]:
-        tree = random_tree(f, vocab, rng)
-        t0 = time.perf_counter()
-        _tree_forward(model, tree, cache)
-        return [("forward", time.perf_counter() - t0)]
-    return run
-
-
 def forward_seconds(model, grid: list[int], ctx: int, repeats: int, rng, say, label: str = "draft") -> list[float]:
     """Median seconds of one forward of `model` over a random f-node tree after
     `ctx` context tokens, per grid point f (the draft curve of a profile; a
     verifier server's published verify curve); warm-up and outlier runs
     dropped as in `measure_profile`, no validation."""
-    cache = _context_cache(model, ctx, grid[-1], rng)
-    run = _forward_run(model, cache, rng)
+    cache = context_cache(model, ctx, grid[-1], rng)
+    run = forward_run(model, cache, rng)
     warm_up(run, grid)
     return [p.total_s for p in measure_curve(run, grid, repeats, say, label, "f")]
-
-
-def tree_walk_seconds(tree: TokenTree, ctx: int) -> tuple[float, np.ndarray]:
-    """(median seconds of an iteration's array and walk work on `tree` --
-    making its tokens / positions / mask arrays, walking it along its
-    deepest path, the compaction indices -- over OVERHEAD_REPEATS runs,
-    the rows that walk keeps, for timing the KV compaction)."""
-    choice = _deepest_path_choice(tree)
-    samples = []
-    for _ in range(OVERHEAD_REPEATS):
-        t0 = time.perf_counter()
-        tree.tokens().astype(np.int64), tree.positions(ctx), tree.mask(ctx)
-        accepted, _ = tree.walk(choice)
-        tree.compaction_indices(ctx, accepted)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples), tree.compaction_indices(ctx, tree.walk(choice)[0])
 
 
 def _measure_overhead(target, target_cache, draft_model, ctx: int, rng) -> float:
@@ -412,37 +315,9 @@ def _measure_overhead(target, target_cache, draft_model, ctx: int, rng) -> float
     `target_cache` holds `ctx` context rows."""
     tree = random_tree(OVERHEAD_NODES, target.config.vocab_size, rng)
     walk_s, keep = tree_walk_seconds(tree, ctx)
-    draft_cache = _context_cache(draft_model, ctx, OVERHEAD_NODES, rng)
-    return walk_s + sum(_compact_seconds(model, cache, tree, keep)
+    draft_cache = context_cache(draft_model, ctx, OVERHEAD_NODES, rng)
+    return walk_s + sum(compact_seconds(model, cache, tree, keep)
                                             for model, cache in ((target, target_cache), (draft_model, draft_cache)))
-
-
-def _deepest_path_choice(tree: TokenTree) -> np.ndarray:
-    """Target tokens per node (int64 [n]) that lead the walk from the root to the deepest node."""
-    deepest = max(range(len(tree)), key=tree.depth)
-    path = [deepest]
-    while tree.parent(path[-1]) > 0:
-        path.append(tree.parent(path[-1]))
-    choice = np.zeros(len(tree), dtype=np.int64)
-    node = 0
-    for child in reversed(path):
-        choice[node] = tree.token(child)
-        node = child
-    return choice
-
-
-def _compact_seconds(model, cache, tree: TokenTree, keep: np.ndarray) -> float:
-    """Median seconds of compacting `cache` (its context rows, then `tree`'s rows
-    from an untimed forward) to the rows `keep`, over COMPACT_REPEATS runs."""
-    n_cached = cache.length
-    samples = []
-    for _ in range(COMPACT_REPEATS):
-        _tree_forward(model, tree, cache, keep=True)
-        t0 = time.perf_counter()
-        cache.compact(keep)
-        samples.append(time.perf_counter() - t0)
-        cache.truncate(n_cached)
-    return statistics.median(samples)
 
 
 # -- assembling the stages ----------------------------------------------------------

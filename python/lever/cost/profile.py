@@ -37,17 +37,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
 from .. import _native
 from ..atomic_write import save_cache_file
 from ..errors import ProfileError
-from ..npu.runtime import versions
 from ..values import cache_root, dtype_name
 from . import measure as _measure
 from . import quick as _quick
+from .backend import static_identity, static_layers
 from .device_profile import DEFAULT_DRAFT_GRID, DEFAULT_N_GRID, VERSION, DeviceProfile, Stage
 from .identity import machine_identity, model_identity, store_identity
 
@@ -58,7 +57,7 @@ FULL_N_GRIDS = (DEFAULT_N_GRID, (*DEFAULT_N_GRID, 256))
 
 __all__ = ["DeviceProfile", "Stage", "DEFAULT_N_GRID", "DEFAULT_DRAFT_GRID", "VERSION", "profile_key",
            "profile_path", "measure_profile", "load_or_measure", "cached_profile", "save_profile",
-           "measure_defaults", "static_layers", "target_backend", "simulated_npu", "load_or_estimate", "quick_key"]
+           "measure_defaults", "load_or_estimate", "quick_key"]
 
 
 def measure_profile(target, draft_model, key: dict, n_grid=DEFAULT_N_GRID, draft_grid=DEFAULT_DRAFT_GRID,
@@ -116,46 +115,6 @@ def profile_key(target, draft_model, *, target_id, draft_id, kernels: str, reade
     key = {"target": target_identity, "draft": draft, "backend": backend,
            "memory": memory, "dtype": dtype_name(dtype), "machine": machine_identity()}
     return json.loads(json.dumps(key))          # plain JSON types, as read back from a file
-
-
-ARM_MACHINES = ("aarch64", "arm64", "armv8l", "armv7l")
-
-
-def static_layers(target):
-    """The static-shape layer runner of `target` (lever.npu.layers.StaticLayers, set
-    by lever.npu.backend.use_static_backend), or None on the native backend."""
-    layers = getattr(target, "layers", None)
-    return layers if getattr(layers, "fixed_shapes", False) else None
-
-
-def target_backend(target) -> str:
-    """What runs `target`'s layers: "native", "cpu-static" or "qnn"."""
-    layers = static_layers(target)
-    return str(layers.backend) if layers is not None else "native"
-
-
-def simulated_npu(target) -> bool:
-    """Whether `target`'s layers run on a simulated NPU: qnn's HTP on a host that
-    is not ARM (onnxruntime-qnn's x86-64 simulator); its timings are not an NPU's."""
-    return simulated_backend(target_backend(target))
-
-
-def simulated_backend(backend: str) -> bool:
-    """Whether `backend` runs on a simulated NPU on this host (qnn off ARM)."""
-    return backend == "qnn" and platform.machine().lower() not in ARM_MACHINES
-
-
-def static_identity(layers) -> dict:
-    """What a static backend's timings depend on: the backend, its row and context
-    buckets, the graphs' dtype and threads, the SoC (qnn) and the onnxruntime /
-    QNN versions; and whether the NPU is simulated."""
-    graphs = layers.graphs
-    target = getattr(graphs, "target", None)
-    return {"layers": str(layers.backend), "rows": [int(r) for r in layers.planner.rows],
-            "contexts": [int(c) for c in layers.planner.contexts], "graph_dtype": str(layers.dtype),
-            "threads": int(getattr(graphs, "threads", 0) or 0),
-            "soc_model": getattr(target, "soc_model", None), "htp_arch": getattr(target, "htp_arch", None),
-            "versions": versions(), "simulated": simulated_backend(str(layers.backend))}
 
 
 def measure_defaults(target) -> dict:

@@ -64,12 +64,11 @@ from ..errors import ProfileError
 from ..masks import causal_mask
 from ..store.flash_reader import aligned_empty
 from ..values import fmt_bytes
-from . import measure as _measure
 from .cost_model import CostModel
 from .device_profile import DEFAULT_DRAFT_GRID, DeviceProfile, Stage
-from .measure import (COMPACT_REPEATS, IO_READS, OVERHEAD_NODES, PointTimes, ReadCounter, _context_cache,
-                      _forward_run, measure_curve, measure_point, measure_settings, printer, random_tree,
-                      tree_walk_seconds, warm_up)
+from .measure import IO_READS, PointTimes, ReadCounter, measure_curve, measure_point, measure_settings, warm_up
+from .timing import (COMPACT_REPEATS, OVERHEAD_NODES, compact_seconds, context_cache, forward_run, printer,
+                     random_tree, tree_walk_seconds)
 
 QUICK_N_GRID = (1, 2, 4, 8, 16, 32, 64)         # tree tokens per pass; compute grows linearly past 32,
                                                  # so the cost model's extrapolation from 32..64 prices
@@ -124,8 +123,8 @@ def estimate_profile(target, draft_model, key: dict, n_grid=QUICK_N_GRID, draft_
         draft_cache = draft_model.new_cache(capacity=ctx + OVERHEAD_NODES)
         _commit(draft_model, draft_cache, None, np.arange(ctx, dtype=np.int64), causal_mask(ctx, 0))
     else:                                     # whole forwards, as the full measurement times them
-        draft_cache = _context_cache(draft_model, ctx, draft_grid[-1], rng)
-        run_draft = _forward_run(draft_model, draft_cache, rng)
+        draft_cache = context_cache(draft_model, ctx, draft_grid[-1], rng)
+        run_draft = forward_run(draft_model, draft_cache, rng)
         warm_up(run_draft, draft_grid)
         points = measure_curve(run_draft, draft_grid, repeats, lambda _: None, "draft", "f")
         draft_s, draft_spread = [p.total_s for p in points], [p.spread for p in points]
@@ -416,7 +415,7 @@ def _compact_seconds(model, cache, tree, keep: np.ndarray) -> float:
     the rows `keep`: the tree's rows committed without a forward on a native
     model, else by one (lever.cost.measure)."""
     if not quick_supported(model):
-        return _measure._compact_seconds(model, cache, tree, keep)
+        return compact_seconds(model, cache, tree, keep)
     n_cached = cache.length
     samples = []
     for _ in range(COMPACT_REPEATS):

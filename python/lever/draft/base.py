@@ -22,30 +22,10 @@ from typing import Optional, Protocol
 import numpy as np
 
 from ..sampling import SamplingParams
+from ..shapes import TreeShape  # noqa: F401  (the policies' shape, imported from here by callers)
 from ..tree import TokenTree
 
 NO_TOKEN = -1        # pads a row of `Expansion.tokens` when a node has fewer children than asked for
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """A static tree policy: up to `budget` draft nodes (root excluded), grown in
-    `depth` draft steps of `width` = ceil(budget / depth) nodes each, chosen by
-    draft path probability among the top-`topk` children of the nodes so far.
-    No node is deeper than `depth`."""
-
-    budget: int = 32
-    topk: int = 4
-    depth: int = 8
-
-    def __post_init__(self) -> None:
-        if self.budget < 1 or self.topk < 1 or self.depth < 1:
-            raise ValueError(f"tree budget, topk and depth must be >= 1, got {self}")
-
-    @property
-    def width(self) -> int:
-        """Nodes added per draft step."""
-        return -(-self.budget // self.depth)
 
 
 @dataclass

@@ -43,6 +43,7 @@ import numpy as np
 from .. import _native
 from ..errors import LeverError
 from ..sampling import SamplingParams
+from ..shapes import LeverLimits
 from ..cost.drift import CostDrift
 from .base import NO_TOKEN, Drafter, Grown, within
 from .calibration import AcceptanceCalibration
@@ -92,8 +93,9 @@ class GainCostPolicy:
 
     SURVIVE_STEP = 0.02        # re-read the cost curves when the forecast moved this much
 
-    def __init__(self, cost, calibration: AcceptanceCalibration | None = None, max_nodes: int = 255,
-                 max_depth: int = 12, topk: int = 4, adapt: bool = True, pruning=None):
+    def __init__(self, cost, calibration: AcceptanceCalibration | None = None,
+                 max_nodes: int = LeverLimits.max_nodes, max_depth: int = LeverLimits.max_depth,
+                 topk: int = LeverLimits.topk, adapt: bool = True, pruning=None):
         if max_nodes < 1 or max_depth < 1 or topk < 1:
             raise LeverError(f"lever policy needs max_nodes, max_depth and topk >= 1, "
                              f"got {max_nodes}, {max_depth}, {topk}")

@@ -20,16 +20,14 @@ import os
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 from tqdm import tqdm
 
 from lever.atomic_write import atomic_temp, save_cache_file
 from lever.errors import MissingPartError, ModelFormatError
+from lever.gguf.entry import ModelEntry
 from lever.gguf.file import GGUFFile
-
-if TYPE_CHECKING:
-    from lever.gguf.registry import ModelEntry
 
 log = logging.getLogger("lever")
 

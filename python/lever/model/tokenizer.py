@@ -62,6 +62,7 @@ from tokenizers import Tokenizer as _RustTokenizer
 from ..atomic_write import SaveError, remove_quietly, sweep_stale, temp_path, warn_unsaved, writing
 from ..errors import LeverError, ModelFormatError, UnsupportedModelError
 from ..files import open_regular
+from .chat_template import default_renderer
 
 if TYPE_CHECKING:
     from ..gguf.file import GGUFFile
@@ -590,7 +591,6 @@ class Tokenizer:
         Extra keyword arguments (JSON values, e.g. `tools`) are passed to the template."""
         if self.chat_template is None:
             raise LeverError("this model has no chat template; use a plain prompt (chat=False)")
-        from .chat_template import default_renderer
         variables = {
             "bos_token": self.bos_token or "", "eos_token": self.eos_token or "",
             "pad_token": (self.id_to_token(self.pad_token_id) if self.pad_token_id is not None else None) or "",
