@@ -117,31 +117,21 @@ def assert_one_warning_per_file(lines: list[str], reason: str, *names: str) -> N
 
 # -- generate with a full, read-only or forbidden cache ---------------------------------
 
-def test_full_cache_still_answers(capsys, primed, tmp_path, monkeypatch):
-    with tmpfs(tmp_path / "mnt", "4m") as mnt:
+@pytest.mark.parametrize("size, fault, code, reason", [
+    ("4m", fill, errno.ENOSPC, "No space left on device"),
+    ("8m", remount_read_only, errno.EROFS, "Read-only file system"),
+], ids=["full", "read-only"])
+def test_a_full_or_read_only_cache_still_answers(capsys, primed, tmp_path, monkeypatch, size, fault, code, reason):
+    with tmpfs(tmp_path / "mnt", size) as mnt:
         cache = (mnt or tmp_path) / "cache"
         shutil.copytree(primed, cache)
         if mnt is not None:
-            fill(mnt)
+            fault(mnt)
         else:
-            inject(monkeypatch, errno.ENOSPC)
+            inject(monkeypatch, code)
         rc, answer, lines = generate_json(capsys, cache)
         assert rc == 0 and answer["new_tokens"] == 12 and answer["text"]
-        assert_one_warning_per_file(lines, "No space left on device", "/profiles/calibration-")
-        assert temp_leftovers(cache) == []
-
-
-def test_read_only_cache_still_answers(capsys, primed, tmp_path, monkeypatch):
-    with tmpfs(tmp_path / "mnt", "8m") as mnt:
-        cache = (mnt or tmp_path) / "cache"
-        shutil.copytree(primed, cache)
-        if mnt is not None:
-            remount_read_only(mnt)
-        else:
-            inject(monkeypatch, errno.EROFS)
-        rc, answer, lines = generate_json(capsys, cache)
-        assert rc == 0 and answer["new_tokens"] == 12
-        assert_one_warning_per_file(lines, "Read-only file system", "/profiles/calibration-")
+        assert_one_warning_per_file(lines, reason, "/profiles/calibration-")
         assert temp_leftovers(cache) == []
 
 
