@@ -12,6 +12,7 @@ import pytest
 from hostile_templates import HOSTILE
 from lever.errors import LeverError, ModelFormatError
 from lever.gguf.file import GGUFFile
+from lever.model import chat_template
 from lever.model.chat_template import TemplateBudget, TemplateRenderer
 from lever.model.tokenizer import Tokenizer
 from waiting import deadline
@@ -72,6 +73,23 @@ def test_a_render_over_time_kills_its_worker_and_the_next_starts_fresh():
         assert worker.proc.poll() is not None and renderer._idle == []        # killed and reaped
         assert renderer.render("{{ messages[0] }}", {"messages": ["again"]}) == "again"
         assert renderer._idle[0] is not worker
+    finally:
+        renderer.close()
+
+
+def test_an_idle_worker_exits_and_is_not_reused_near_its_exit(monkeypatch):
+    """A worker frees its memory after WORKER_IDLE_SECONDS without a request;
+    the renderer reuses one only within REUSE_SECONDS, then starts another."""
+    monkeypatch.setattr(chat_template, "WORKER_IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(chat_template, "REUSE_SECONDS", 0.25)
+    renderer = TemplateRenderer(workers=1)
+    try:
+        assert renderer.render("{{ 1 + 1 }}", {}) == "2"
+        worker = renderer._idle[0]
+        assert renderer.render("{{ 2 + 2 }}", {}) == "4" and renderer._idle == [worker]     # reused at once
+        worker.proc.wait(timeout=deadline(10))                                             # exits by itself
+        assert worker.proc.returncode == 0
+        assert renderer.render("{{ 3 + 3 }}", {}) == "6" and renderer._idle[0] is not worker
     finally:
         renderer.close()
 

@@ -36,6 +36,8 @@ from pathlib import Path
 from ..errors import LeverError, ModelFormatError
 
 START_SECONDS = 60.0          # a worker's start (Python and jinja2 imported) at most, on a loaded machine
+WORKER_IDLE_SECONDS = 10.0    # a worker exits after this long without a request (its ~20 MB of RSS freed)
+REUSE_SECONDS = WORKER_IDLE_SECONDS / 2   # an idle worker is reused only this soon, well before it exits
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,12 @@ class TemplateWorker:
     def __init__(self, budget: TemplateBudget):
         root = str(Path(__file__).resolve().parents[2])         # the directory that holds the lever package
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        self.proc = subprocess.Popen([sys.executable, "-m", "lever.model.template_worker", str(budget.memory_bytes)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "lever.model.template_worker", str(budget.memory_bytes),
+                                      str(WORKER_IDLE_SECONDS)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env, bufsize=0)
         self._buffer = bytearray()
+        self.idle_since = time.monotonic()      # when its last answer came (time.monotonic() seconds)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
         self.max_line_bytes = 6 * budget.output_chars + 4096       # ASCII JSON: at most 6 bytes a character
@@ -156,6 +160,7 @@ class TemplateRenderer:
                 answer = worker.ask(request, self.budget.seconds)
             except WorkerGone as e:
                 raise LeverError(self._gone_message(name, str(e))) from None
+            worker.idle_since = time.monotonic()
             with self._lock:
                 self._idle.append(worker)
         if "text" in answer and isinstance(answer["text"], str):
@@ -164,13 +169,14 @@ class TemplateRenderer:
         raise (ModelFormatError if answer.get("kind") == "compile" else LeverError)(message)
 
     def _take(self, name: str) -> TemplateWorker:
-        """An idle worker, else a new one."""
+        """An idle worker used within REUSE_SECONDS, else a new one (an older
+        one is near its own idle exit: ended here rather than raced)."""
         with self._lock:
             while self._idle:
                 worker = self._idle.pop()
-                if worker.proc.poll() is None:
+                if worker.proc.poll() is None and time.monotonic() - worker.idle_since < REUSE_SECONDS:
                     return worker
-                worker.kill()                   # ended while idle (killed from outside): reaped, replaced
+                worker.kill()                   # ended while idle, or about to: reaped, replaced
         try:
             return TemplateWorker(self.budget)
         except WorkerGone as e:
