@@ -31,7 +31,6 @@ from lever.cli import main
 from waiting import deadline, wait_until
 
 PROMPT = "The capital of France is"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def generate_json(capsys, cache: Path) -> tuple[int, dict | None, list[str]]:
@@ -276,15 +275,17 @@ def test_tokenizer_cache_that_cannot_be_written_warns(tmp_path, capsys, monkeypa
 # -- kill -9 of a conversion, then a sweep --------------------------------------------
 
 def test_killed_convert_leaves_a_temp_dir_the_next_one_sweeps(smollm2_path, tmp_path, capsys):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
     out = tmp_path / "st"
     child = subprocess.Popen([sys.executable, "-c", "import sys; from lever.cli import main; sys.exit(main())",
                               "convert", str(smollm2_path), "--out", str(out)],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     temp = tmp_path / f".st.tmp-{child.pid}"
+    def writing() -> bool:
+        assert child.poll() is None, f"the conversion exited ({child.returncode}) before it was killed"
+        return (temp / "weights.bin").is_file() and (temp / "weights.bin").stat().st_size > 0
+
     try:
-        wait_until(lambda: (temp / "weights.bin").is_file() and (temp / "weights.bin").stat().st_size > 0,
-                   deadline(120), "the conversion to start writing")
+        wait_until(writing, deadline(120), "the conversion to start writing")
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=deadline(30))
