@@ -104,14 +104,18 @@ def disconnect_latency(model: str, rounds: int) -> list[float]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_health(port, proc)
-        words = " ".join(f"item {i}," for i in range(LONG_PROMPT))
+        ids = [int(x) for x in np.random.default_rng(1).integers(100, 40000, LONG_PROMPT)]   # token ids
         waits = []
         for k in range(rounds):
-            body = json.dumps({"model": model, "prompt": words, "max_tokens": 2, "stream": True}).encode()
+            body = json.dumps({"model": model, "prompt": ids, "max_tokens": 2, "stream": True}).encode()
             sock = socket.create_connection(("127.0.0.1", port))
             sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            time.sleep(LEAVE_AFTER_S)
+            sock.settimeout(LEAVE_AFTER_S)
+            t_sent = time.monotonic()
+            head = sock.recv(64)                 # the stream's headers come before its prefill
+            assert head.startswith(b"HTTP/1.1 200"), head
+            time.sleep(max(0.0, LEAVE_AFTER_S - (time.monotonic() - t_sent)))
             sock.close()
             t0 = time.monotonic()
             answer = post(port, {"model": model, "prompt": "Hi", "max_tokens": 2, "temperature": 0}, 600)
@@ -130,7 +134,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--disconnect-rounds", type=int, default=3)
-    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, LONG_PROMPT])
+    ap.add_argument("--lengths", type=int, nargs="*", default=[512, 2048, LONG_PROMPT],
+                    help="prompt lengths of the chunk-cost part (none: skip it)")
     ap.add_argument("--json", type=Path, default=Path("docs/results/prefill_cancel.json"))
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
