@@ -21,11 +21,20 @@ import os
 import queue
 import socket
 import subprocess
+import sys
 import threading
 import time
 from typing import Callable, TypeVar
 
 DEFAULT_SCALE = 3.0
+
+IGNORING_STOP_SIGNALS = [sys.executable, "-c",
+                         "import os, signal, sys\n"
+                         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                         "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"]
+"""A prefix that runs the rest of a Python command line with SIGINT and SIGTERM
+ignored (kept across exec), as a background job of a script starts (issue 46)."""
 T = TypeVar("T")
 
 

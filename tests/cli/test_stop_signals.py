@@ -3,10 +3,11 @@ dispositions they inherited (issue 46), and a server drains first (issue 42).
 
 Every child here starts with SIGINT and SIGTERM ignored, as a background job
 of a non-interactive shell starts with SIGINT ignored (`bash -c 'cmd &'`):
-through IGNORING, a wrapper that ignores both and then execs the command.
+through IGNORING_STOP_SIGNALS, a wrapper that ignores both and then execs the command.
 Each must still stop on either signal within its bound: a server's drain
-(`--drain-seconds`, then at most FINAL_GRACE_S three times), at once for netem
-and for `lever generate` (exit 128 + the signal).
+(`--drain-seconds`, then at most FINAL_GRACE_S three times), at once for
+`lever generate` (exit 128 + the signal); netem's command line is stopped the
+same way in tests/remote/test_netem.py.
 
 The servers listen on 127.0.0.1 only; waits are for lines, ports and exits
 (tests/waiting.py), their limits safety nets."""
@@ -27,16 +28,10 @@ import pytest
 pytest.importorskip("aiohttp")
 
 from lever.http.shutdown import FINAL_GRACE_S  # noqa: E402
-from waiting import deadline, read_line, wait_exit, wait_until  # noqa: E402
+from waiting import IGNORING_STOP_SIGNALS, deadline, read_line, wait_exit, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.real
 
-IGNORING = [sys.executable, "-c",
-            "import os, signal, sys\n"
-            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"]
-"""A prefix that runs the rest of the command line with SIGINT and SIGTERM ignored (kept across exec)."""
 
 COUNTING = "Count: 1, 2, 3, 4,"          # a prompt SmolLM2 continues for hundreds of tokens
 STOPS = pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -46,7 +41,7 @@ def test_the_wrapper_really_ignores_both_signals():
     """Else the tests below would prove nothing."""
     code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, " \
            "signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)"
-    out = subprocess.run([*IGNORING, "-c", code], capture_output=True, text=True, timeout=deadline(30))
+    out = subprocess.run([*IGNORING_STOP_SIGNALS, "-c", code], capture_output=True, text=True, timeout=deadline(30))
     assert out.stdout.split() == ["True", "True"], out.stderr
 
 
@@ -63,7 +58,7 @@ class Server:
         self.log_path = tmp_path / f"{command}.log"
         self.drain_s = drain_s
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([*IGNORING, "-m", "lever.cli", command, "--model", str(model), "--port", "0",
+        self.proc = subprocess.Popen([*IGNORING_STOP_SIGNALS, "-m", "lever.cli", command, "--model", str(model), "--port", "0",
                                       "--cache-dir", str(cache), "--drain-seconds", str(drain_s), *extra],
                                      stdout=subprocess.PIPE, stderr=self._log, text=True)
         self.url = ""
@@ -236,23 +231,8 @@ def test_serve_stops_when_idle(stop, smollm2_path, lever_cache, tmp_path, server
 
 
 @STOPS
-def test_netem_stops(stop):
-    proc = subprocess.Popen([*IGNORING, "-m", "lever.remote.netem", "--upstream", "http://127.0.0.1:9"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert "listening on" in read_line(proc.stdout, 60, "netem's line", proc)
-        proc.send_signal(stop)
-        assert wait_exit(proc, 10, "netem after the signal") == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-
-
-@STOPS
 def test_generate_stops_with_128_plus_the_signal(stop, smollm2_path, lever_cache):
-    proc = subprocess.Popen([*IGNORING, "-m", "lever.cli", "generate", "--model", str(smollm2_path), "--cache-dir",
+    proc = subprocess.Popen([*IGNORING_STOP_SIGNALS, "-m", "lever.cli", "generate", "--model", str(smollm2_path), "--cache-dir",
                              str(lever_cache), "--prompt", COUNTING, "--no-chat", "--max-new-tokens", "4000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -21,7 +21,7 @@ import pytest
 
 from lever.remote import netem
 from lever.remote.netem import LinkProxy, parse_upstream
-from waiting import deadline, read_line, wait_exit
+from waiting import IGNORING_STOP_SIGNALS, deadline, read_line, wait_exit
 
 # What a failed request over a dropped connection may raise (reset, EOF, cut-off body).
 REQUEST_ERRORS = (OSError, http.client.HTTPException)
@@ -333,10 +333,11 @@ def test_parse_upstream():
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_command_line_forwards_until_interrupted(http_server, stop):
-    """Runs until Ctrl-C (or SIGTERM), then exits 0: waited for by its line and its exit."""
+    """Runs until Ctrl-C (or SIGTERM), then exits 0: waited for by its line and its exit.
+    Started with both signals ignored, as a script's background job starts (issue 46)."""
     upstream = f"http://127.0.0.1:{http_server.server_address[1]}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "lever.remote.netem", "--upstream", upstream,
+        [*IGNORING_STOP_SIGNALS, "-m", "lever.remote.netem", "--upstream", upstream,
          "--listen-port", "0", "--rtt-ms", "20", "--loss", "0"],
         stdout=subprocess.PIPE, text=True)
     try:
