@@ -175,12 +175,44 @@ py::list layout_entries(const LayerLayout& layout) {
 
 std::unique_ptr<NativeModel> make_model(int64_t hidden, int64_t n_heads, int64_t n_kv_heads,
                                         int64_t head_dim, int64_t intermediate, float rms_eps,
-                                        float rope_theta) {
-  const lever::LayerDims dims{non_negative(hidden, "hidden"), non_negative(n_heads, "n_heads"),
-                              non_negative(n_kv_heads, "n_kv_heads"),
-                              non_negative(head_dim, "head_dim"),
-                              non_negative(intermediate, "intermediate")};
-  return std::make_unique<NativeModel>(dims, rms_eps, rope_theta);
+                                        float rope_theta, bool qk_norm, bool sandwich_norms,
+                                        const std::string& activation, int64_t rope_dims,
+                                        float rope_theta_local, float rope_linear,
+                                        const std::vector<float>& rope_freq_factors, float rope_attn_factor,
+                                        float attn_scale, int64_t sliding_window,
+                                        const std::string& layer_kinds) {
+  lever::BlockSpec spec;
+  spec.dims = lever::LayerDims{non_negative(hidden, "hidden"), non_negative(n_heads, "n_heads"),
+                               non_negative(n_kv_heads, "n_kv_heads"), non_negative(head_dim, "head_dim"),
+                               non_negative(intermediate, "intermediate"), qk_norm, sandwich_norms};
+  spec.rms_eps = rms_eps;
+  spec.rope_theta = rope_theta;
+  spec.rope_theta_local = rope_theta_local;
+  spec.rope_dims = non_negative(rope_dims, "rope_dims");
+  spec.rope_linear = rope_linear;
+  spec.rope_freq_factors = rope_freq_factors;
+  spec.rope_attn_factor = rope_attn_factor;
+  spec.attn_scale = attn_scale;
+  spec.sliding_window = non_negative(sliding_window, "sliding_window");
+  if (activation == "silu") {
+    spec.activation = lever::Activation::kSilu;
+  } else if (activation == "gelu_tanh") {
+    spec.activation = lever::Activation::kGeluTanh;
+  } else {
+    throw py::value_error("activation must be 'silu' or 'gelu_tanh', got '" + activation + "'");
+  }
+  for (char c : layer_kinds) {
+    if (c == 'g') {
+      spec.layer_kinds.push_back(lever::LayerKind::kGlobal);
+    } else if (c == 'l') {
+      spec.layer_kinds.push_back(lever::LayerKind::kLocal);
+    } else if (c == 'n') {
+      spec.layer_kinds.push_back(lever::LayerKind::kNoRope);
+    } else {
+      throw py::value_error(std::string("layer_kinds: unknown kind '") + c + "' (g, l or n)");
+    }
+  }
+  return std::make_unique<NativeModel>(spec);
 }
 
 void model_check_layout(const NativeModel& model, const LayerLayout& layout, int64_t nbytes) {
@@ -462,14 +494,23 @@ ValueError for an unknown or repeated name.)doc")
       .def(py::init(&make_layout), py::arg("entries"))
       .def_property_readonly("entries", &layout_entries);
 
-  py::class_<NativeModel>(m, "NativeModel", R"doc(A Llama / Qwen2 decoder's layers in fp32 (native).
+  py::class_<NativeModel>(m, "NativeModel", R"doc(A decoder's layers in fp32 (native).
 
-NativeModel(hidden, n_heads, n_kv_heads, head_dim, intermediate, rms_eps, rope_theta).
+NativeModel(hidden, n_heads, n_kv_heads, head_dim, intermediate, rms_eps, rope_theta, *,
+qk_norm, sandwich_norms, activation, rope_dims, rope_theta_local, rope_linear,
+rope_freq_factors, rope_attn_factor, attn_scale, sliding_window, layer_kinds):
+the block lever.model_config.ModelConfig describes (its fields of those names;
+layer_kinds one of "g", "l", "n" per layer, "" all "g").
 One pass: begin_pass(positions, mask, cache); layer(x, layout, buffer, cache, i)
 for every layer; end_pass(cache). Each row's result depends only on that row,
 its position and the cache rows its mask lets it see (bitwise).)doc")
       .def(py::init(&make_model), py::arg("hidden"), py::arg("n_heads"), py::arg("n_kv_heads"),
-           py::arg("head_dim"), py::arg("intermediate"), py::arg("rms_eps"), py::arg("rope_theta"))
+           py::arg("head_dim"), py::arg("intermediate"), py::arg("rms_eps"), py::arg("rope_theta"),
+           py::kw_only(), py::arg("qk_norm") = false, py::arg("sandwich_norms") = false,
+           py::arg("activation") = "silu", py::arg("rope_dims") = 0, py::arg("rope_theta_local") = 0.0f,
+           py::arg("rope_linear") = 1.0f, py::arg("rope_freq_factors") = std::vector<float>(),
+           py::arg("rope_attn_factor") = 1.0f, py::arg("attn_scale") = 0.0f, py::arg("sliding_window") = 0,
+           py::arg("layer_kinds") = "")
       .def_property_readonly("hidden", [](const NativeModel& mo) { return mo.dims().hidden; })
       .def_property_readonly("n_heads", [](const NativeModel& mo) { return mo.dims().n_heads; })
       .def_property_readonly("n_kv_heads", [](const NativeModel& mo) { return mo.dims().n_kv_heads; })

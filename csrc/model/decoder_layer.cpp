@@ -27,6 +27,7 @@ namespace lever {
 namespace {
 
 constexpr size_t kLanes = 16;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
 
 
 // A norm / bias vector (F32, F16 or BF16 bytes) as fp32 values in dst.
@@ -73,8 +74,9 @@ void rms_norm_rows(const float* x, size_t R, size_t n, size_t x_stride, const fl
   }
 }
 
-NativeModel::NativeModel(const LayerDims& dims, float rms_eps, float rope_theta)
-    : dims_(dims), rms_eps_(rms_eps), rope_theta_(rope_theta) {
+NativeModel::NativeModel(const BlockSpec& spec)
+    : spec_(spec), dims_(spec.dims), rms_eps_(spec.rms_eps) {
+  const LayerDims& dims = dims_;
   if (dims.hidden == 0 || dims.n_heads == 0 || dims.n_kv_heads == 0 || dims.head_dim == 0 ||
       dims.intermediate == 0) {
     throw std::invalid_argument("NativeModel: sizes must be positive");
@@ -82,14 +84,36 @@ NativeModel::NativeModel(const LayerDims& dims, float rms_eps, float rope_theta)
   if (dims.n_heads % dims.n_kv_heads != 0) {
     throw std::invalid_argument("NativeModel: n_heads must be a multiple of n_kv_heads");
   }
-  if (dims.head_dim % 2 != 0) throw std::invalid_argument("NativeModel: head_dim must be even");
-  // As torch: inv_freq = 1 / (theta ** (arange(0, d, 2) / d)), all fp32.
-  const size_t half = dims.head_dim / 2;
-  inv_freq_.resize(half);
-  for (size_t i = 0; i < half; ++i) {
-    const float e = static_cast<float>(2 * i) / static_cast<float>(dims.head_dim);
-    inv_freq_[i] = 1.0f / std::pow(rope_theta, e);
+  const size_t rot = spec.rope_dims ? spec.rope_dims : dims.head_dim;
+  if (rot % 2 != 0 || rot > dims.head_dim) {
+    throw std::invalid_argument("NativeModel: the rotated dims must be even and at most head_dim");
   }
+  rope_half_ = rot / 2;
+  if (!spec.rope_freq_factors.empty() && spec.rope_freq_factors.size() != rope_half_) {
+    throw std::invalid_argument("NativeModel: rope_freq_factors must hold rope_dims / 2 = " +
+                                std::to_string(rope_half_) + " factors");
+  }
+  if (!(spec.rope_linear > 0.0f) || !(spec.rope_attn_factor > 0.0f) || !(spec.rope_theta > 0.0f)) {
+    throw std::invalid_argument("NativeModel: RoPE base, linear factor and attention factor must be positive");
+  }
+  for (LayerKind k : spec.layer_kinds) has_local_ = has_local_ || k == LayerKind::kLocal;
+  if (has_local_ && spec.sliding_window == 0) {
+    throw std::invalid_argument("NativeModel: local layers need a sliding window of at least one token");
+  }
+  // As torch: inv_freq = 1 / (theta ** (arange(0, d, 2) / d)), all fp32, then
+  // divided by the frequency factors and (global layers) the linear factor.
+  auto ladder = [&](float theta, bool global) {
+    std::vector<float> f(rope_half_);
+    for (size_t i = 0; i < rope_half_; ++i) {
+      const float e = static_cast<float>(2 * i) / static_cast<float>(rot);
+      f[i] = 1.0f / std::pow(theta, e);
+      if (!spec.rope_freq_factors.empty()) f[i] = f[i] / spec.rope_freq_factors[i];
+      if (global && spec.rope_linear != 1.0f) f[i] = f[i] / spec.rope_linear;
+    }
+    return f;
+  };
+  rope_global_.inv_freq = ladder(spec.rope_theta, true);
+  rope_local_.inv_freq = ladder(spec.rope_theta_local > 0.0f ? spec.rope_theta_local : spec.rope_theta, false);
 }
 
 void NativeModel::check_layout(const LayerLayout& layout, size_t buffer_nbytes) const {
@@ -140,9 +164,13 @@ void NativeModel::begin_segments(const std::vector<PassSegment>& segments) {
   mask_.resize(mask_bytes);
   slots_.resize(T);
   // Rotary tables: angle = position * inv_freq (fp32), as rope_cos_sin in torch.
-  const size_t half = dims_.head_dim / 2;
-  cos_.resize(T * half);
-  sin_.resize(T * half);
+  const size_t half = rope_half_;
+  const float af = spec_.rope_attn_factor;
+  const std::vector<RopeTable*> tables = rope_tables();
+  for (RopeTable* table : tables) {
+    table->cos.resize(T * half);
+    table->sin.resize(T * half);
+  }
   for (size_t s = 0; s < segments.size(); ++s) {
     const PassSegment& g = segments[s];
     const Segment& seg = segs_[s];
@@ -152,10 +180,32 @@ void NativeModel::begin_segments(const std::vector<PassSegment>& segments) {
       const size_t row = seg.row0 + t;
       slots_[row] = seg.L + t;
       const float p = static_cast<float>(g.positions[t]);
-      for (size_t i = 0; i < half; ++i) {
-        const float angle = p * inv_freq_[i];
-        cos_[row * half + i] = std::cos(angle);
-        sin_[row * half + i] = std::sin(angle);
+      for (RopeTable* table : tables) {
+        for (size_t i = 0; i < half; ++i) {
+          const float angle = p * table->inv_freq[i];
+          table->cos[row * half + i] = af == 1.0f ? std::cos(angle) : std::cos(angle) * af;
+          table->sin[row * half + i] = af == 1.0f ? std::sin(angle) : std::sin(angle) * af;
+        }
+      }
+    }
+  }
+  // The sliding window: a row at position p sees a key at position k only if
+  // p - k < window (cache row c < L holds position c; pass row j, position[j]).
+  window_mask_.clear();
+  if (has_local_) {
+    window_mask_ = mask_;
+    const auto window = static_cast<int64_t>(spec_.sliding_window);
+    for (size_t s = 0; s < segments.size(); ++s) {
+      const PassSegment& g = segments[s];
+      const Segment& seg = segs_[s];
+      const size_t cols = seg.L + g.T;
+      for (size_t t = 0; t < g.T; ++t) {
+        uint8_t* m = window_mask_.data() + seg.mask0 + t * cols;
+        const int64_t p = g.positions[t];
+        for (size_t c = 0; c < cols; ++c) {
+          const int64_t k = c < seg.L ? static_cast<int64_t>(c) : g.positions[c - seg.L];
+          if (p - k >= window) m[c] = 0;
+        }
       }
     }
   }
@@ -187,13 +237,14 @@ void NativeModel::check_caches(KVCache* const* caches, size_t n_caches, const ch
   }
 }
 
-void NativeModel::rope(float* x, size_t rows, size_t n_heads, size_t stride) const {
-  // Rotate-half: for i < d/2, (a, b) = (x[i], x[i + d/2]) becomes
-  // (a cos - b sin, b cos + a sin), as x * cos + rotate_half(x) * sin in torch.
-  const size_t d = dims_.head_dim, half = d / 2;
+void NativeModel::rope(const RopeTable& table, float* x, size_t rows, size_t n_heads, size_t stride) const {
+  // Rotate-half over the first 2 * half dims of each head: for i < half,
+  // (a, b) = (x[i], x[i + half]) becomes (a cos - b sin, b cos + a sin), as
+  // x * cos + rotate_half(x) * sin in torch; the dims past 2 * half stay.
+  const size_t d = dims_.head_dim, half = rope_half_;
   for (size_t t = 0; t < rows; ++t) {
-    const float* c = cos_.data() + t * half;
-    const float* s = sin_.data() + t * half;
+    const float* c = table.cos.data() + t * half;
+    const float* s = table.sin.data() + t * half;
     for (size_t h = 0; h < n_heads; ++h) {
       float* v = x + t * stride + h * d;
       for (size_t i = 0; i < half; ++i) {
@@ -237,8 +288,18 @@ void NativeModel::layer_segments(float* x, size_t x_rows, const LayerLayout& lay
   project(norm_.data(), T, H, w.q, w.has_bias ? &w.q_bias : nullptr, vec_, q_.data());
   project(norm_.data(), T, H, w.k, w.has_bias ? &w.k_bias : nullptr, vec_, k_.data());
   project(norm_.data(), T, H, w.v, w.has_bias ? &w.v_bias : nullptr, vec_, v_.data());
-  rope(q_.data(), T, dims_.n_heads, q_cols);
-  rope(k_.data(), T, dims_.n_kv_heads, kv_cols);
+  if (dims_.qk_norm) {  // each head's q / k over its head_dim values
+    rms_norm_rows(q_.data(), T * dims_.n_heads, d, d, vector_f32(w.q_norm, vec_), rms_eps_, q_.data(), d);
+    rms_norm_rows(k_.data(), T * dims_.n_kv_heads, d, d, vector_f32(w.k_norm, vec_), rms_eps_, k_.data(), d);
+  }
+  const LayerKind kind = this->kind(layer_index);
+  if (kind != LayerKind::kNoRope) {
+    const RopeTable& table = kind == LayerKind::kLocal ? rope_local_ : rope_global_;
+    rope(table, q_.data(), T, dims_.n_heads, q_cols);
+    rope(table, k_.data(), T, dims_.n_kv_heads, kv_cols);
+  }
+  const std::vector<uint8_t>& mask = kind == LayerKind::kLocal ? window_mask_ : mask_;
+  const float scale = spec_.attn_scale > 0.0f ? spec_.attn_scale : 1.0f / std::sqrt(static_cast<float>(d));
   // Per segment: its keys / values to its own cache, its live queries over
   // the L + T rows of its own cache (mask rows of L + T columns).
   for (size_t s = 0; s < n_caches; ++s) {
@@ -250,23 +311,37 @@ void NativeModel::layer_segments(float* x, size_t x_rows, const LayerLayout& lay
     const AttentionShape shape{dims_.n_heads, dims_.n_kv_heads, g.live, g.L + g.T, d};
     attention(shape, q_.data() + g.row0 * q_cols, ElemType::kF32, /*q_head=*/d, /*q_row=*/q_cols,
               cache.keys(layer_index), cache.values(layer_index), cache.dtype(), cache.head_stride(),
-              cache.row_stride(), mask_.data() + g.mask0, 1.0f / std::sqrt(static_cast<float>(d)),
+              cache.row_stride(), mask.data() + g.mask0, scale,
               attn_.data() + g.row0 * q_cols, ElemType::kF32, q_cols);
   }
   project(attn_.data(), T, q_cols, w.o, nullptr, vec_, proj_.data());
+  if (dims_.sandwich_norms) {
+    rms_norm_rows(proj_.data(), T, H, H, vector_f32(w.attn_out_norm, vec_), rms_eps_, proj_.data(), H);
+  }
   for (size_t i = 0; i < T * H; ++i) x[i] += proj_[i];
 
-  // MLP block (SwiGLU).
+  // MLP block (gated: SwiGLU or GeGLU).
   rms_norm_rows(x, T, H, H, vector_f32(w.post_norm, vec_), rms_eps_, norm_.data(), H);
   project(norm_.data(), T, H, w.gate, nullptr, vec_, gate_.data());
   project(norm_.data(), T, H, w.up, nullptr, vec_, up_.data());
   const size_t I = dims_.intermediate;
+  const bool gelu = spec_.activation == Activation::kGeluTanh;
   for (size_t t = 0; t < T; ++t) {  // row by row: the same loop shape for every row
     float* g = gate_.data() + t * I;
     const float* u = up_.data() + t * I;
-    for (size_t i = 0; i < I; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];  // silu(g) * up
+    if (gelu) {  // gelu_tanh(g) * up: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+      for (size_t i = 0; i < I; ++i) {
+        const float v = g[i];
+        g[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v))) * u[i];
+      }
+    } else {
+      for (size_t i = 0; i < I; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];  // silu(g) * up
+    }
   }
   project(gate_.data(), T, I, w.down, nullptr, vec_, proj_.data());
+  if (dims_.sandwich_norms) {
+    rms_norm_rows(proj_.data(), T, H, H, vector_f32(w.mlp_out_norm, vec_), rms_eps_, proj_.data(), H);
+  }
   for (size_t i = 0; i < T * H; ++i) x[i] += proj_[i];
 }
 
@@ -297,19 +372,26 @@ void NativeModel::keep_rows(float* x, size_t x_rows, const int64_t* keep, size_t
   }
   // keep[i] >= i, so moving rows to the front in order never overwrites a
   // row before it is read.
-  const size_t H = dims_.hidden, half = dims_.head_dim / 2, cols = segs_[0].L + segs_[0].T;
+  const size_t H = dims_.hidden, half = rope_half_, cols = segs_[0].L + segs_[0].T;
+  const std::vector<RopeTable*> tables = rope_tables();
   for (size_t i = 0; i < n; ++i) {
     const auto src = static_cast<size_t>(keep[i]);
     if (src == i) continue;
     std::memcpy(x + i * H, x + src * H, H * sizeof(float));
-    std::memcpy(cos_.data() + i * half, cos_.data() + src * half, half * sizeof(float));
-    std::memcpy(sin_.data() + i * half, sin_.data() + src * half, half * sizeof(float));
+    for (RopeTable* table : tables) {
+      std::memcpy(table->cos.data() + i * half, table->cos.data() + src * half, half * sizeof(float));
+      std::memcpy(table->sin.data() + i * half, table->sin.data() + src * half, half * sizeof(float));
+    }
     std::memcpy(mask_.data() + i * cols, mask_.data() + src * cols, cols);
+    if (has_local_) std::memcpy(window_mask_.data() + i * cols, window_mask_.data() + src * cols, cols);
     slots_[i] = slots_[src];
   }
-  cos_.resize(n * half);
-  sin_.resize(n * half);
+  for (RopeTable* table : tables) {
+    table->cos.resize(n * half);
+    table->sin.resize(n * half);
+  }
   mask_.resize(n * cols);
+  if (has_local_) window_mask_.resize(n * cols);
   slots_.resize(n);
   segs_[0].live = n;
 }

@@ -1,9 +1,24 @@
-// One Llama / Qwen2 decoder layer in fp32, and the per-pass state around it.
+// One decoder layer in fp32, as a BlockSpec describes it, and the per-pass
+// state around it.  The block (lever.model_config.ModelConfig is the
+// description this mirrors; each feature is switched on by its field):
+//   h = rms_norm(x) ; q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
+//   q, k = rms_norm of each head (q_norm, k_norm)                   qk_norm
+//   q, k rotated by RoPE (rotate-half) on their first rope_dims dims;
+//     "n" layers skip it; "l" layers use the local base
+//   k, v appended to the cache at rows L..L+T
+//   a = attention(q * attn_scale, cache keys/values, mask) Wo^T;
+//     on "l" layers the mask also hides keys more than window-1 positions back
+//   a = rms_norm(a) (sandwich_norms) ; x += a
+//   h = rms_norm(x) ; m = (act(h Wgate^T) * h Wup^T) Wdown^T   act: silu / gelu-tanh
+//   m = rms_norm(m) (sandwich_norms) ; x += m
 //
 // A forward pass of T new tokens over a cache of L committed rows is:
 //   model.begin_pass(positions, mask, cache)   rotary tables, the [T, L + T] mask
 //   for each layer i: model.layer(x, layout_i, buffer_i, cache, i)
 //   model.end_pass(cache)                      cache.length += T
+// A cache row's position is its row index (committed rows 0..L-1 hold
+// positions 0..L-1, as every caller commits them); the sliding window reads
+// the positions of cache rows from that.
 // A pass may also carry several SEGMENTS (one per sequence, e.g. the trees of
 // several sessions of a verifier server): segment s has its own cache (L_s
 // committed rows), T_s rows, their positions and a [T_s, L_s + T_s] mask.
@@ -15,17 +30,12 @@
 // Between layers, model.keep_rows(x, keep) may drop rows of the pass (early
 // exit): later layers run the kept ("live") rows only, writing their keys and
 // values at the cache rows of their original positions in the pass, L + i.
-// layer() computes, for the residual stream x [T, hidden] (in place):
-//   h = rms_norm(x) ; q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
-//   q, k rotated by RoPE (rotate-half) ; k, v appended to the cache at rows L..L+T
-//   x += attention(q, cache keys/values, mask) Wo^T
-//   h = rms_norm(x) ; x += (silu(h Wgate^T) * h Wup^T) Wdown^T
 // Every step is row-independent: a row's result depends only on that row,
 // its position and the cache rows its mask lets it see (bitwise), so a token
 // verified inside a tree gets exactly the numbers it gets decoded alone.
 //
 // Units: sizes are elements; positions are token positions; rms_eps is
-// added to the mean square; rope_theta is the RoPE base.
+// added to the mean square; RoPE bases are theta of the frequency ladder.
 #pragma once
 
 #include <cstddef>
@@ -46,6 +56,25 @@ float dot_f32(const float* a, const float* b, size_t n);
 void rms_norm_rows(const float* x, size_t R, size_t n, size_t x_stride, const float* w, float eps,
                    float* out, size_t out_stride);
 
+enum class Activation { kSilu, kGeluTanh };
+enum class LayerKind : uint8_t { kGlobal, kLocal, kNoRope };
+
+// What a decoder layer computes (see the top of this file).
+struct BlockSpec {
+  LayerDims dims;                 // includes the qk_norm / sandwich_norms flags
+  float rms_eps = 1e-6f;
+  float rope_theta = 10000.0f;    // global layers
+  float rope_theta_local = 0.0f;  // "l" layers (0: rope_theta)
+  size_t rope_dims = 0;           // dims rotated per head (0: head_dim)
+  float rope_linear = 1.0f;       // global layers' frequencies divided by it
+  std::vector<float> rope_freq_factors;  // [rope_dims / 2] frequencies divided by them (empty: none)
+  float rope_attn_factor = 1.0f;  // cos, sin multiplied by it
+  float attn_scale = 0.0f;        // queries' scale (0: 1 / sqrt(head_dim))
+  Activation activation = Activation::kSilu;
+  size_t sliding_window = 0;      // tokens an "l" layer's query sees, itself included
+  std::vector<LayerKind> layer_kinds;  // per layer (empty: all global)
+};
+
 // One segment of a pass (see the top of this file): T rows at `positions`,
 // mask: T rows of mask_cols = cache->length() + T bytes (non-zero: may attend).
 struct PassSegment {
@@ -58,13 +87,18 @@ struct PassSegment {
 
 class NativeModel {
  public:
-  // Throws std::invalid_argument for inconsistent dims (n_heads not a
-  // multiple of n_kv_heads, odd head_dim, zero sizes).
-  NativeModel(const LayerDims& dims, float rms_eps, float rope_theta);
+  // Throws std::invalid_argument for an inconsistent spec (n_heads not a
+  // multiple of n_kv_heads, odd or too many rotated dims, zero sizes, factors
+  // of the wrong count, local layers without a window).
+  explicit NativeModel(const BlockSpec& spec);
 
+  const BlockSpec& spec() const { return spec_; }
   const LayerDims& dims() const { return dims_; }
   float rms_eps() const { return rms_eps_; }
-  float rope_theta() const { return rope_theta_; }
+  float rope_theta() const { return spec_.rope_theta; }
+  LayerKind kind(size_t layer) const {
+    return layer < spec_.layer_kinds.size() ? spec_.layer_kinds[layer] : LayerKind::kGlobal;
+  }
 
   // Throws std::invalid_argument naming the bad or missing tensor.
   void check_layout(const LayerLayout& layout, size_t buffer_nbytes) const;
@@ -123,19 +157,33 @@ class NativeModel {
     size_t mask0;    // its mask's first byte in mask_ (rows of L + T bytes)
   };
 
-  void check_caches(KVCache* const* caches, size_t n_caches, const char* what) const;
-  void rope(float* x, size_t rows, size_t n_heads, size_t stride) const;  // in place
+  // Rotary angles of one kind of layer: per live row, [rope_dims / 2] cos and sin.
+  struct RopeTable {
+    std::vector<float> inv_freq;  // [rope_dims / 2]
+    std::vector<float> cos, sin;  // [T_live, rope_dims / 2]
+  };
 
+  // The tables a pass fills: the global one, and the local one where some layer is "l".
+  std::vector<RopeTable*> rope_tables() {
+    if (has_local_) return {&rope_global_, &rope_local_};
+    return {&rope_global_};
+  }
+  void check_caches(KVCache* const* caches, size_t n_caches, const char* what) const;
+  void rope(const RopeTable& table, float* x, size_t rows, size_t n_heads, size_t stride) const;  // in place
+
+  BlockSpec spec_;
   LayerDims dims_;
-  float rms_eps_, rope_theta_;
-  std::vector<float> inv_freq_;  // [head_dim / 2]
+  float rms_eps_;
+  size_t rope_half_;               // rotated pairs per head
+  bool has_local_ = false;         // some layer is "l"
+  RopeTable rope_global_, rope_local_;
 
   // The open pass.
   bool active_ = false;
   std::vector<Segment> segs_;
   // Per live row (rows dropped by keep_rows removed, order kept), all segments:
-  std::vector<float> cos_, sin_;  // [T_live, head_dim / 2]
   std::vector<uint8_t> mask_;     // per segment [T_live_s, L_s + T_s]: columns are its cache rows
+  std::vector<uint8_t> window_mask_;  // the same, with the sliding window applied ("l" layers; has_local_ only)
   std::vector<size_t> slots_;     // [T_live]: the row's cache row, L_s + original index
 
   // Scratch activations, sized by begin_segments.

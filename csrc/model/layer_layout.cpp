@@ -15,6 +15,8 @@ const char* const kKnownNames[] = {
     "self_attn.v_proj.weight",  "self_attn.q_proj.bias",    "self_attn.k_proj.bias",
     "self_attn.v_proj.bias",    "self_attn.o_proj.weight",  "post_attention_layernorm.weight",
     "mlp.gate_proj.weight",     "mlp.up_proj.weight",       "mlp.down_proj.weight",
+    "self_attn.q_norm.weight",  "self_attn.k_norm.weight",  "self_attn.post_norm.weight",
+    "mlp.post_norm.weight",
 };
 
 bool known(const std::string& name) {
@@ -98,6 +100,14 @@ LayerTensors LayerLayout::resolve(const LayerDims& d, const uint8_t* buffer, siz
   t.up = check(need("mlp.up_proj.weight"), {d.intermediate, d.hidden}, true, buffer, n);
   t.down = check(need("mlp.down_proj.weight"), {d.hidden, d.intermediate}, true, buffer, n);
 
+  if (d.qk_norm) {
+    t.q_norm = check(need("self_attn.q_norm.weight"), {d.head_dim}, false, buffer, n);
+    t.k_norm = check(need("self_attn.k_norm.weight"), {d.head_dim}, false, buffer, n);
+  }
+  if (d.sandwich_norms) {
+    t.attn_out_norm = check(need("self_attn.post_norm.weight"), {d.hidden}, false, buffer, n);
+    t.mlp_out_norm = check(need("mlp.post_norm.weight"), {d.hidden}, false, buffer, n);
+  }
   const char* bias_names[3] = {"self_attn.q_proj.bias", "self_attn.k_proj.bias",
                                "self_attn.v_proj.bias"};
   int n_bias = 0;

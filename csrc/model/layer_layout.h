@@ -13,6 +13,8 @@
 //   post_attention_layernorm.weight     [hidden]
 //   mlp.gate_proj.weight, mlp.up_proj.weight   [intermediate, hidden]
 //   mlp.down_proj.weight                [hidden, intermediate]
+//   self_attn.{q,k}_norm.weight         [head_dim]  (when dims.qk_norm)
+//   self_attn.post_norm.weight, mlp.post_norm.weight   [hidden]  (when dims.sandwich_norms)
 // Shapes are outermost first (rows, columns), as torch writes them.
 // Matrices may be any type weight_matmul accepts; vectors F32 / F16 / BF16.
 //
@@ -33,9 +35,12 @@ struct TensorEntry {
   std::vector<size_t> shape;  // outermost first
 };
 
-// The model dimensions a layer's tensors must match (elements).
+// The model dimensions a layer's tensors must match (elements), and which
+// optional norms a layer has.
 struct LayerDims {
   size_t hidden, n_heads, n_kv_heads, head_dim, intermediate;
+  bool qk_norm = false;         // per-head q / k norms
+  bool sandwich_norms = false;  // norms after attention and after the MLP
 };
 
 // A checked tensor of a layer: its bytes in the buffer, its type and shape.
@@ -48,6 +53,8 @@ struct TensorView {
 // The tensors decoder_layer uses, resolved against one buffer.
 struct LayerTensors {
   TensorView input_norm, q, k, v, q_bias, k_bias, v_bias, o, post_norm, gate, up, down;
+  TensorView q_norm, k_norm;              // dims.qk_norm only
+  TensorView attn_out_norm, mlp_out_norm;  // dims.sandwich_norms only
   bool has_bias = false;  // the q/k/v biases are present
 };
 

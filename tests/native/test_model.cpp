@@ -33,6 +33,15 @@ const LayerDims kDims{64, 4, 2, 16, 96};
 const float kEps = 1e-5f;
 const float kTheta = 10000.0f;
 
+// The Llama block of these dims.
+BlockSpec llama_spec() {
+  BlockSpec spec;
+  spec.dims = kDims;
+  spec.rms_eps = kEps;
+  spec.rope_theta = kTheta;
+  return spec;
+}
+
 // A layer's tensors as fp32 values (what the weights decode to) plus its buffer.
 struct TinyLayer {
   std::vector<uint8_t> buffer;
@@ -219,7 +228,7 @@ TEST(model_layer_matches_reference) {
   lever_test::Rng rng(12);
   std::vector<float> x = random_rows(rng, T);
   std::vector<double> want = ref_layer(layer, x, T);
-  NativeModel model(kDims, kEps, kTheta);
+  NativeModel model(llama_spec());
   KVCache cache(1, kDims.n_kv_heads, kDims.head_dim, 16, ElemType::kF32);
   std::vector<int64_t> pos = {0, 1, 2, 3, 4};
   run_pass(model, layer, cache, x, pos, causal_mask(0, T));
@@ -245,7 +254,7 @@ void check_tree_vs_sequential(int matrix_type, ElemType cache_type) {
   lever_test::Rng rng(99);
   std::vector<float> prefix_x = random_rows(rng, prefix);
   std::vector<float> node_x = random_rows(rng, n);
-  NativeModel model(kDims, kEps, kTheta);
+  NativeModel model(llama_spec());
 
   auto fresh_cache = [&](KVCache& cache) {
     std::vector<float> px = prefix_x;
@@ -402,7 +411,7 @@ std::vector<float> run_tree_pass(NativeModel& model, const TreePass& p, KVCache&
 void check_pruned_pass_bitwise(int matrix_type, ElemType cache_type) {
   const size_t n = kTreeParent.size(), H = kDims.hidden;
   TreePass p = make_tree_pass(matrix_type);
-  NativeModel model(kDims, kEps, kTheta);
+  NativeModel model(llama_spec());
 
   KVCache full(kLayers, kDims.n_kv_heads, kDims.head_dim, 32, cache_type);
   fill_prefix(model, p, full);
@@ -471,7 +480,7 @@ TEST(model_keep_rows_surviving_rows_bitwise_f32) {
 TEST(model_keep_rows_rejects_bad_keep) {
   const size_t n = kTreeParent.size(), H = kDims.hidden;
   TreePass p = make_tree_pass(kTypeF32);
-  NativeModel model(kDims, kEps, kTheta);
+  NativeModel model(llama_spec());
   KVCache cache(kLayers, kDims.n_kv_heads, kDims.head_dim, 32, ElemType::kF32);
   std::vector<float> x = p.node_x;
   const std::vector<int64_t> ok = {0, 2};
@@ -596,7 +605,7 @@ void check_segments_bitwise(int matrix_type, ElemType cache_type) {
   // A tree after 3 rows, a chain of 3 after 5 rows, one row after 1 row.
   std::vector<SegmentCase> cases = {make_segment(rng, 3, {-1, 0, 0, 1, 2, 3}),
                                     make_segment(rng, 5, {-1, 0, 1}), make_segment(rng, 1, {-1})};
-  NativeModel model(kDims, kEps, kTheta);
+  NativeModel model(llama_spec());
   auto new_cache = [&] { return KVCache(n_layers, kDims.n_kv_heads, kDims.head_dim, 16, cache_type); };
 
   // Alone: one pass per segment.
@@ -668,7 +677,7 @@ TEST(model_segments_equal_solo_passes_q8_0) {
 TEST(model_segments_equal_solo_passes_f32) { check_segments_bitwise(kTypeF32, ElemType::kF32); }
 
 TEST(model_segments_bad_input_throws) {
-  NativeModel model(kDims, kEps, kTheta);
+  NativeModel model(llama_spec());
   KVCache a(1, kDims.n_kv_heads, kDims.head_dim, 8, ElemType::kF32);
   KVCache b(1, kDims.n_kv_heads, kDims.head_dim, 8, ElemType::kF32);
   std::vector<int64_t> pos = {0, 1};

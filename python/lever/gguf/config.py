@@ -1,55 +1,28 @@
-"""GGUF tensor names and hyperparameters of a Llama / Qwen2 decoder (torch-free).
+"""A GGUF file's `ModelConfig` and the place of each decoder tensor in it (torch-free).
 
-`config_from_gguf` reads and checks the `ModelConfig` of a parsed GGUF file;
-`decoder_name` maps GGUF tensor names to the decoder's parameter names.
-llama.cpp stores the q/k projections of *llama* models with rows permuted for
-its interleaved RoPE; `qk_row_order` gives the row order that undoes it (the
-rotate-half RoPE layout the decoders use).  Used by the native loader, the
-store converter and the torch reference loader alike.
+`config_from_gguf` hands the file's metadata to its architecture's family
+module (`lever.arch`), which maps it onto the block description, and checks
+the result (types, ranges, head counts) against the tensors (layer count,
+every shape).  `layer_parts` says which GGUF tensor (and which rows of it)
+holds each decoder tensor of a layer; `qk_row_order` undoes the row
+interleaving llama.cpp applies to the q / k projections of `llama` files
+(the rotate-half RoPE layout the decoders use).  Used by the native loader,
+the store converter and the torch reference loader alike.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
 
 import numpy as np
 
+from .. import quant
+from ..arch import Family, TensorPart, family
+from ..arch.base import GLOBAL_TENSORS, common_fields
 from ..errors import ModelFormatError, UnsupportedModelError
-from ..model_config import SUPPORTED_ARCHS, ModelConfig, config_problem, layer_shapes
+from ..model_config import ModelConfig, config_problem, layer_shapes
 from .checks import check_layer_indices, check_tensor_shapes, meta_float, meta_int
-from .file import GGUFFile
-
-_GLOBAL_NAMES = {
-    "token_embd.weight": "embed_tokens.weight",
-    "output_norm.weight": "norm.weight",
-    "output.weight": "lm_head.weight",
-}
-LAYER_TENSOR_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
-
-
-def decoder_name(gguf_name: str) -> str | None:
-    """Decoder parameter name of a GGUF tensor name (None if it is not a weight we use)."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in LAYER_TENSOR_NAMES:
-        return f"layers.{m.group(1)}.{LAYER_TENSOR_NAMES[m.group(2)]}"
-    return None
-
+from .file import GGUFFile, TensorInfo
 
 # ModelConfig field -> the metadata key it comes from (after "<arch>.")
 _FIELD_KEYS = {
@@ -57,70 +30,121 @@ _FIELD_KEYS = {
     "n_layers": "block_count", "n_heads": "attention.head_count",
     "n_kv_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
     "rms_norm_eps": "attention.layer_norm_rms_epsilon", "rope_theta": "rope.freq_base",
-    "max_context": "context_length", "vocab_size": "vocab_size",
+    "max_context": "context_length", "vocab_size": "vocab_size", "rope_dims": "rope.dimension_count",
+    "sliding_window": "attention.sliding_window", "rope_theta_local": "rope.freq_base_swa",
 }
+_SMALL_TENSOR = 1 << 16          # elements: the most a metadata-like tensor (RoPE factors) may hold
+
+
+class GGUFMeta:
+    """A GGUF file's metadata as a family reads it (`lever.arch.base.Meta`):
+    keys without the "<arch>." prefix, type-checked, ModelFormatError naming
+    the file and key when one is missing or of the wrong type."""
+
+    def __init__(self, g: GGUFFile):
+        self.g, self.arch, self.source = g, g.architecture, g.path.name
+
+    def _key(self, key: str) -> str:
+        return f"{self.arch}.{key}"
+
+    def has(self, key: str) -> bool:
+        return self._key(key) in self.g.metadata
+
+    def int(self, key: str, default=None) -> int:
+        return meta_int(self.g.path, self.g.metadata, self._key(key), default)
+
+    def float(self, key: str, default=None) -> float:
+        return meta_float(self.g.path, self.g.metadata, self._key(key), default)
+
+    def str(self, key: str, default=None) -> str:
+        value = self.g.metadata.get(self._key(key), default)
+        if not isinstance(value, str):
+            raise ModelFormatError(f"{self.g.path}: metadata key {self._key(key)} must be a string, got {value!r}")
+        return value
+
+    def array(self, key: str) -> list | None:
+        value = self.g.metadata.get(self._key(key))
+        return value if isinstance(value, list) else None
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self.g.tensors
+
+    def tensor_values(self, name: str) -> list[float]:
+        info = self.g.tensors[name]
+        if info.n_elements > _SMALL_TENSOR or info.qtype not in (0, 1, 30):
+            raise ModelFormatError(f"{self.g.path}: tensor {name!r} ({info.type_name}, {info.n_elements} "
+                                   f"values) is not a small F32/F16/BF16 vector")
+        values = quant.dequantize(self.g.raw(name), info.qtype, info.shape, "float32").reshape(-1)
+        if not np.all(np.isfinite(values)):
+            raise ModelFormatError(f"{self.g.path}: tensor {name!r} holds a NaN or infinity")
+        return values.tolist()
+
+    def refuse(self, what: str) -> Exception:
+        return UnsupportedModelError(f"{self.source}: {what}")
+
+
+def model_family(g: GGUFFile) -> Family:
+    """The family of `g`'s architecture (UnsupportedModelError in one line if none)."""
+    return family(g.architecture, g.path.name)
 
 
 def config_from_gguf(g: GGUFFile) -> ModelConfig:
-    """The decoder's hyperparameters from the metadata, checked (types, ranges,
-    head counts) and checked against the tensors (layer count, every shape)."""
-    arch = g.architecture
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedModelError(f"{g.path.name}: unsupported architecture {arch!r} "
-                                    f"(supported: {', '.join(SUPPORTED_ARCHS)})")
-    meta = g.metadata
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None) or "rope_freqs.weight" in g.tensors:
-        raise UnsupportedModelError(f"{g.path.name}: RoPE scaling {scaling!r} is not supported")
+    """The decoder's block description from the metadata, checked (types,
+    ranges, head counts) and checked against the tensors (layer count, every shape)."""
+    fam = model_family(g)
     if "token_embd.weight" not in g.tensors:
         raise ModelFormatError(f"{g.path}: tensor 'token_embd.weight' is missing")
-
-    def num(key, default=None):
-        return meta_int(g.path, meta, f"{arch}.{key}", default)
-
-    hidden, n_heads = num("embedding_length"), num("attention.head_count")
-    if f"{arch}.attention.key_length" not in meta and (n_heads <= 0 or hidden % n_heads):
-        raise ModelFormatError(f"{g.path}: metadata {arch}.attention.head_count {n_heads} does not "
-                               f"divide {arch}.embedding_length {hidden}")
-    values = dict(
-        arch=arch,
-        vocab_size=num("vocab_size", g.tensors["token_embd.weight"].shape[0]),
-        hidden_size=hidden,
-        intermediate_size=num("feed_forward_length"),
-        n_layers=num("block_count"),
-        n_heads=n_heads,
-        n_kv_heads=num("attention.head_count_kv", n_heads),
-        head_dim=num("attention.key_length", hidden // n_heads if n_heads > 0 else 0),
-        rms_norm_eps=meta_float(g.path, meta, f"{arch}.attention.layer_norm_rms_epsilon"),
-        rope_theta=meta_float(g.path, meta, f"{arch}.rope.freq_base", 10000.0),
-        max_context=num("context_length"),
-        tie_word_embeddings="output.weight" not in g.tensors,
-        attention_bias="blk.0.attn_q.bias" in g.tensors,
-    )
+    meta = GGUFMeta(g)
+    hidden, n_heads = meta.int("embedding_length"), meta.int("attention.head_count")
+    if not meta.has("attention.key_length") and (n_heads <= 0 or hidden % n_heads):
+        raise ModelFormatError(f"{g.path}: metadata {g.architecture}.attention.head_count {n_heads} does not "
+                               f"divide {g.architecture}.embedding_length {hidden}")
+    values = common_fields(meta)
+    values.update(vocab_size=meta.int("vocab_size", g.tensors["token_embd.weight"].shape[0]),
+                  tie_word_embeddings="output.weight" not in g.tensors,
+                  attention_bias="blk.0.attn_q.bias" in g.tensors)
+    values.update(fam.describe(meta))
     problem = config_problem(values)
     if problem:
         field = problem.split(" ")[0]
-        key = f" (metadata {arch}.{_FIELD_KEYS[field]})" if field in _FIELD_KEYS else ""
+        key = f" (metadata {g.architecture}.{_FIELD_KEYS[field]})" if field in _FIELD_KEYS else ""
         raise ModelFormatError(f"{g.path}: {problem}{key}")
     cfg = ModelConfig(**values)
-    if num("rope.dimension_count", cfg.head_dim) != cfg.head_dim:
-        raise ModelFormatError(f"{g.path}: metadata {arch}.rope.dimension_count {num('rope.dimension_count')} "
-                               f"is not the head size {cfg.head_dim} (partial RoPE is not supported)")
     check_layer_indices(g.path, g.tensors, cfg.n_layers)
-    check_tensor_shapes(g.path, g.tensors, expected_gguf_shapes(cfg))
+    check_tensor_shapes(g.path, g.tensors, expected_gguf_shapes(cfg, g))
     return cfg
 
 
-def expected_gguf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+def layer_parts(cfg: ModelConfig, g: GGUFFile) -> list[TensorPart]:
+    """Where each decoder tensor of a layer lies in `g` (`lever.arch.TensorPart`;
+    the same for every layer)."""
+    return model_family(g).layer_parts(cfg, lambda name: f"blk.0.{name}" in g.tensors)
+
+
+def expected_gguf_shapes(cfg: ModelConfig, g: GGUFFile) -> dict[str, tuple[int, ...]]:
     """GGUF tensor name -> shape (outermost first) of every tensor the decoder needs."""
-    to_gguf = {v: k for k, v in LAYER_TENSOR_NAMES.items()}
     shapes = {"token_embd.weight": (cfg.vocab_size, cfg.hidden_size), "output_norm.weight": (cfg.hidden_size,)}
     if not cfg.tie_word_embeddings:
         shapes["output.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    per_layer: dict[str, tuple[int, ...]] = {}
+    decoder = layer_shapes(cfg)
+    for part in layer_parts(cfg, g):
+        shape = decoder[part.name]
+        if part.rows is None:
+            per_layer[part.gguf] = shape
+        else:                               # a fused tensor: its rows are the parts' rows together
+            rows = max(part.rows[1], per_layer.get(part.gguf, (0,))[0])
+            per_layer[part.gguf] = (rows,) + shape[1:]
     for i in range(cfg.n_layers):
-        for name, shape in layer_shapes(cfg).items():
-            shapes[f"blk.{i}.{to_gguf[name]}"] = shape
+        for name, shape in per_layer.items():
+            shapes[f"blk.{i}.{name}"] = shape
     return shapes
+
+
+def decoder_name(gguf_name: str) -> str | None:
+    """Decoder name of a GGUF tensor outside the layers (embedding, final norm,
+    head), None for any other."""
+    return GLOBAL_TENSORS.get(gguf_name)
 
 
 def qk_row_order(rows: int, n_heads: int) -> np.ndarray:
@@ -129,13 +153,20 @@ def qk_row_order(rows: int, n_heads: int) -> np.ndarray:
     return np.arange(rows, dtype=np.int64).reshape(n_heads, rows // n_heads // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
-def permuted_heads(cfg: ModelConfig, name: str) -> int | None:
-    """Heads whose q/k rows llama.cpp permuted in decoder tensor `name`
-    (a q/k projection weight or bias of a llama model), else None."""
-    if cfg.arch != "llama":
-        return None
-    if name.endswith(("q_proj.weight", "q_proj.bias")):
-        return cfg.n_heads
-    if name.endswith(("k_proj.weight", "k_proj.bias")):
-        return cfg.n_kv_heads
-    return None
+def part_row_order(part: TensorPart, n_rows: int) -> np.ndarray | None:
+    """The row order (`qk_row_order`) that puts part `part`'s `n_rows` rows (or
+    elements, for a bias) in the decoder's layout, None when already there."""
+    return qk_row_order(n_rows, part.permuted_heads) if part.permuted_heads else None
+
+
+def part_info(g: GGUFFile, layer: int, part: TensorPart) -> TensorInfo:
+    """The `TensorInfo` of part `part` of layer `layer`: the whole GGUF tensor,
+    or, for a fused one, its rows (offset, shape and bytes of those rows;
+    the name stays the GGUF tensor's)."""
+    info = g.tensors[f"blk.{layer}.{part.gguf}"]
+    if part.rows is None:
+        return info
+    first, end = part.rows
+    row_bytes = info.nbytes // info.shape[0]
+    return dataclasses.replace(info, shape=(end - first,) + tuple(info.shape[1:]),
+                               offset=info.offset + first * row_bytes, nbytes=(end - first) * row_bytes)

@@ -19,8 +19,7 @@ import torch
 
 from .. import quant
 from ..errors import UnsupportedModelError
-from ..gguf.config import (LAYER_TENSOR_NAMES, config_from_gguf, decoder_name,  # noqa: F401 (re-exported)
-                           expected_gguf_shapes, permuted_heads, qk_row_order)
+from ..gguf.config import config_from_gguf, decoder_name, layer_parts, part_info, part_row_order
 from ..gguf.file import GGUFFile
 from ..gguf.finite import check_finite
 from ..model_config import ModelConfig
@@ -32,22 +31,25 @@ from .weights import build_decoder, parse_dtype
 def gguf_tensors(g: GGUFFile, cfg: ModelConfig, dtype: torch.dtype,
                  quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantTensor]]:
     """(decoder name, tensor in `dtype` or QuantTensor) for every weight in the file, one at a time."""
-    for info in g.tensors.values():
-        name = decoder_name(info.name)
-        if name is None:
-            continue
+    named = [(decoder_name(n), g.tensors[n], None) for n in g.tensors if decoder_name(n)]
+    parts = layer_parts(cfg, g)
+    named += [(f"layers.{i}.{p.name}", part_info(g, i, p), p) for i in range(cfg.n_layers) for p in parts]
+    for name, info, part in named:
         if not quant.is_supported(info.qtype):
             raise UnsupportedModelError(f"{g.path.name}: tensor {info.name!r} uses quantisation type "
                                         f"{info.type_name}, which Lever cannot dequantise")
-        check_finite(g.path, info.name, g.raw(info.name), info.qtype)      # lever.gguf.finite
-        heads = permuted_heads(cfg, name)
-        order = qk_row_order(info.shape[0], heads) if heads else None
+        raw = g.raw(info.name)
+        if part is not None and part.rows is not None:
+            row_bytes = raw.nbytes // g.tensors[info.name].shape[0]
+            raw = raw[part.rows[0] * row_bytes:part.rows[1] * row_bytes]
+        check_finite(g.path, info.name, raw, info.qtype)      # lever.gguf.finite
+        order = part_row_order(part, info.shape[0]) if part is not None else None
         if quantized and len(info.shape) == 2 and has_kernel(info.qtype):
-            w = QuantTensor(np.array(g.raw(info.name)), info.qtype, tuple(info.shape))
-            yield name, w.permute_rows(order) if heads else w
+            w = QuantTensor(np.array(raw), info.qtype, tuple(info.shape))
+            yield name, w.permute_rows(order) if order is not None else w
             continue
-        w = dequantize_tensor(g.raw(info.name), info.qtype, info.shape, dtype)
-        yield name, w[torch.from_numpy(order)] if heads else w
+        w = dequantize_tensor(raw, info.qtype, info.shape, dtype)
+        yield name, w[torch.from_numpy(order)] if order is not None else w
 
 
 def load_gguf_model(path, dtype: str | torch.dtype = torch.bfloat16,

@@ -46,7 +46,7 @@ from .. import _native
 from ..errors import LeverError
 from ..model_config import ModelConfig
 from ..values import dtype_name
-from .topk_head import check_topk, topk_result, topk_state
+from .topk_head import check_topk, topk_of_logits, topk_result, topk_state
 
 HEADS = ("logits", "argmax", "topk")
 KV_DTYPES = ("float32", "bfloat16")
@@ -165,9 +165,14 @@ def checked_segment(tokens, positions, mask, cache) -> "Segment":
 
 
 def native_model(cfg: ModelConfig) -> "_native.NativeModel":
-    """The native layer arithmetic for the hyperparameters `cfg`."""
+    """The native layer arithmetic for the block `cfg` describes."""
     return _native.NativeModel(cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                               cfg.intermediate_size, cfg.rms_norm_eps, cfg.rope_theta)
+                               cfg.intermediate_size, cfg.rms_norm_eps, cfg.rope_theta,
+                               qk_norm=cfg.qk_norm, sandwich_norms=cfg.sandwich_norms, activation=cfg.activation,
+                               rope_dims=cfg.rope_dims, rope_theta_local=cfg.rope_theta_local,
+                               rope_linear=cfg.rope_linear, rope_freq_factors=list(cfg.rope_freq_factors),
+                               rope_attn_factor=cfg.rope_attn_factor, attn_scale=cfg.attn_scale,
+                               sliding_window=cfg.sliding_window, layer_kinds=cfg.layer_kinds)
 
 
 class NativeDecoder:
@@ -329,6 +334,8 @@ class NativeDecoder:
         x = np.empty((tokens.shape[0], self.config.hidden_size), dtype=np.float32)
         t0 = time.perf_counter()
         self.weights.embed(self.native, tokens, x)
+        if self.config.embed_scale != 1.0:
+            x *= np.float32(self.config.embed_scale)
         run.begin()
         self._lap("embed", time.perf_counter() - t0)
         for i, layout in enumerate(self.weights.layouts):
@@ -355,7 +362,22 @@ class NativeDecoder:
 
     def _head(self, x: np.ndarray, head: str, n_top: int = 0):
         """Final norm and output head over the hidden states x [R, hidden]
-        (n_top: tokens per row for head "topk")."""
+        (n_top: tokens per row for head "topk").  With a logit soft-cap every
+        head is taken from the capped logits (argmax / top-k of them), so all
+        three heads agree on the same numbers."""
+        cap = self.config.logit_softcap
+        if cap > 0:
+            logits = self._head_rows(x, "logits")
+            logits = (np.tanh(logits / np.float32(cap)) * np.float32(cap)).astype(np.float32)
+            if head == "logits":
+                return logits
+            if head == "argmax":
+                return np.argmax(logits, axis=-1).astype(np.int64)
+            return topk_of_logits(logits, n_top)
+        return self._head_rows(x, head, n_top)
+
+    def _head_rows(self, x: np.ndarray, head: str, n_top: int = 0):
+        """`_head` without the soft-cap."""
         t0 = time.perf_counter()
         h = np.empty_like(x)
         self.native.rms_norm(x, self.weights.norm, h)

@@ -40,10 +40,10 @@ import numpy as np
 from .. import _native
 from ..errors import ModelFormatError, UnsupportedModelError
 from ..files import open_regular
-from ..gguf.config import LAYER_TENSOR_NAMES, config_from_gguf, permuted_heads, qk_row_order
+from ..gguf.config import config_from_gguf, layer_parts, part_info, part_row_order
 from ..gguf.file import GGUFFile, TensorInfo, tensor_nbytes
 from ..gguf.finite import check_finite, nonfinite_counts, refuse_nonfinite
-from ..model_config import ModelConfig, layer_shapes
+from ..model_config import ModelConfig
 from ..quant import Q4_0, dequantize, quantize_q4_0, repack_at_load_types, repackable, type_name
 from ..store.flash_reader import aligned_empty
 from .native_decoder import NativeDecoder
@@ -52,7 +52,6 @@ TENSOR_ALIGNMENT = 64                       # bytes; buffers and tensors inside 
 DENSE_TYPES = {0: 4, 1: 2, 30: 2}           # F32, F16, BF16 ggml type ids -> bytes per element
 _TORCH_HINT = "; the torch reference (--kernels torch) dequantises it"
 _IOV_MAX = 1024                             # iovecs per preadv call (Linux's IOV_MAX)
-_GGUF_LAYER_NAMES = {v: k for k, v in LAYER_TENSOR_NAMES.items()}
 
 
 def matrix_types() -> set[int]:
@@ -193,15 +192,16 @@ class ResidentWeights:
         self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.hidden_size
         held = self.buffers + [self.embedding] + ([] if cfg.tie_word_embeddings else [self.head])
         self.weight_bytes = sum(held_bytes(b) for b in held) + self.norm.nbytes
-        names = [f"blk.{i}.{n}" for i in range(cfg.n_layers) for n in _gguf_layer_names(cfg)]
-        names += ["token_embd.weight"] + ([] if cfg.tie_word_embeddings else ["output.weight"])
+        parts = layer_parts(cfg, g)
+        names = ["token_embd.weight"] + ([] if cfg.tie_word_embeddings else ["output.weight"])
         self.tensor_bytes = sum(g.tensors[n].nbytes for n in names) + self.norm.nbytes
+        self.tensor_bytes += sum(part_info(g, i, p).nbytes for i in range(cfg.n_layers) for p in parts)
         self.tensor_bytes -= head.nbytes - self.head.nbytes            # a head read as Q4_0
     @staticmethod
     def _check_types(g: GGUFFile, cfg: ModelConfig) -> None:
         for i in range(cfg.n_layers):
-            for name in _gguf_layer_names(cfg):
-                info = g.tensors[f"blk.{i}.{name}"]
+            for part in layer_parts(cfg, g):
+                info = part_info(g, i, part)
                 check_type(g.path.name, info.name, info.qtype, len(info.shape) == 2, _TORCH_HINT)
         for name in ("token_embd.weight", "output.weight"):
             if name in g.tensors:
@@ -211,19 +211,16 @@ class ResidentWeights:
     @staticmethod
     def _read_layer(fd: int, g: GGUFFile, cfg: ModelConfig, i: int):
         """(buffer, LayerLayout) of decoder layer i, its tensors read from the file."""
-        names = _gguf_layer_names(cfg)
-        infos = [g.tensors[f"blk.{i}.{name}"] for name in names]
+        parts = layer_parts(cfg, g)
+        infos = [part_info(g, i, part) for part in parts]
         offsets = np.cumsum([0] + [_round_up(t.nbytes, TENSOR_ALIGNMENT) for t in infos]).tolist()
         buffer = aligned_buffer(offsets[-1])
         entries = []
-        for name, info, offset in zip(names, infos, offsets):
-            decoder_name = LAYER_TENSOR_NAMES[name]
-            heads = permuted_heads(cfg, decoder_name)
-            order = qk_row_order(info.shape[0], heads) if heads else None
+        for part, info, offset in zip(parts, infos, offsets):
             view = buffer[offset:offset + info.nbytes]
-            read_tensor(fd, info, view, g.path, order)
+            read_tensor(fd, info, view, g.path, part_row_order(part, info.shape[0]))
             check_finite(g.path, info.name, view, info.qtype)          # before repacking moves the scales
-            entries.append((decoder_name, offset, repack_loaded(view, info.qtype, tuple(info.shape)),
+            entries.append((part.name, offset, repack_loaded(view, info.qtype, tuple(info.shape)),
                             tuple(info.shape)))
         return buffer, _native.LayerLayout(entries)
 
@@ -304,11 +301,6 @@ def _read_as_q4_0(fd: int, info: TensorInfo, path: Path) -> np.ndarray:
 
 def _no_release() -> None:
     pass
-
-
-def _gguf_layer_names(cfg: ModelConfig) -> list[str]:
-    """GGUF names (after "blk.N.") of one layer's tensors, in decoder order."""
-    return [_GGUF_LAYER_NAMES[n] for n in layer_shapes(cfg)]
 
 
 def load_gguf_native(path, dtype="bfloat16", head_type: str = "stored") -> tuple[NativeDecoder, GGUFFile]:

@@ -42,7 +42,7 @@ WEIGHT_INPUTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "wg", "wu", "w
 BIAS_INPUTS = ("bq", "bk", "bv")
 OUTPUTS = ("y", "k_new", "v_new")
 
-# layer tensor name (lever.gguf.config.LAYER_TENSOR_NAMES form) -> graph input
+# decoder layer tensor name (lever.model_config.layer_shapes) -> graph input
 TENSOR_INPUT = {
     "input_layernorm.weight": "attn_norm",
     "self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk", "self_attn.v_proj.weight": "wv",

@@ -38,7 +38,7 @@ from .. import _native, quant
 from ..atomic_write import SaveError, sweep_stale, write_atomic, writing
 from ..errors import StoreError, UnsupportedModelError
 from ..files import file_sha256
-from ..gguf.config import LAYER_TENSOR_NAMES, config_from_gguf, qk_row_order
+from ..gguf.config import config_from_gguf, layer_parts, qk_row_order
 from ..gguf.file import GGUFFile
 from ..gguf.finite import check_gguf_finite
 from ..gguf.registry import resolve_model
@@ -218,7 +218,6 @@ def _write_store(g: GGUFFile, cfg, storage: str, layout: str, tmp: Path, progres
     (lever.gguf.finite): a store is only made of finite weights, so its loader
     trusts them as its checksums vouch for the bytes."""
     check_gguf_finite(g)
-    llama = cfg.arch == "llama"
     layout = layout if storage == "source" else "gguf"       # BF16 has no repacked form
     head_name = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     total = sum(t.nbytes for t in g.tensors.values()) * (1 if storage == "source" else 3)
@@ -227,16 +226,9 @@ def _write_store(g: GGUFFile, cfg, storage: str, layout: str, tmp: Path, progres
     try:
         for i in range(cfg.n_layers):
             tensors = []
-            for suffix, name in LAYER_TENSOR_NAMES.items():
-                gname = f"blk.{i}.{suffix}"
-                if gname not in g.tensors:
-                    continue
-                perm = None
-                if llama and name.startswith("self_attn.q_proj"):
-                    perm = cfg.n_heads
-                elif llama and name.startswith("self_attn.k_proj"):
-                    perm = cfg.n_kv_heads
-                tensors.append((name, *_laid_out(*_stored(g, gname, storage, perm), layout)))
+            for part in layer_parts(cfg, g):
+                stored = _stored(g, f"blk.{i}.{part.gguf}", storage, part.permuted_heads, part.rows)
+                tensors.append((part.name, *_laid_out(*stored, layout)))
             writer.add(f"layer.{i}", tensors)
         layer_bytes = max(e.data_bytes for e in writer.extents)
         for kind, gname in (("head", head_name),) + ((("embed", "token_embd.weight"),)
