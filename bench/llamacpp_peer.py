@@ -48,13 +48,22 @@ def _bench():
     spec = importlib.util.spec_from_file_location("bench_llamacpp", _HERE / "bench_llamacpp.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_llamacpp"] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["bench_llamacpp"]
+        raise
     return module
 
 
 def cache_dir() -> Path:
     """$LEVER_LLAMACPP_DIR, else ~/.cache/lever/llamacpp (the sdist and build/)."""
     return _bench().DEFAULT_CACHE
+
+
+def sdist_version() -> str:
+    """The llama-cpp-python source distribution whose llama.cpp is built and converts ("0.3.36")."""
+    return _bench().SDIST_VERSION
 
 
 def binary(name: str, cache: Path | None = None) -> Path | None:
