@@ -94,7 +94,7 @@ def tokenize(bin: Path | str, gguf: Path | str, text: str, bos: bool = True, tim
     processing; special tokens written in the text are parsed, as
     llama-completion does).  bos: add the BOS token when the vocabulary asks
     for one (False: never).  bin: the llama-tokenize binary."""
-    cmd = [str(bin), "-m", str(gguf), "--stdin", "--no-escape", "--ids", "--log-disable"]
+    cmd = [str(bin), "-m", str(gguf), "--stdin", "--no-escape", "--ids"]          # logs: stderr
     if not bos:
         cmd.append("--no-bos")
     r = _run(cmd, "llama-tokenize", timeout_s, stdin_text=text)
@@ -114,10 +114,12 @@ def parse_ids(stdout: str) -> list[int]:
 
 @dataclass(frozen=True)
 class Continuation:
-    """One greedy run: the prompt ids llama.cpp evaluated and the ids it generated."""
+    """One greedy run: the prompt ids llama.cpp evaluated, the ids it generated,
+    and what it printed (stdout: the generated text, then llama.cpp's own lines)."""
 
     prompt_ids: list[int]
     generated: list[int]
+    stdout: str
     stderr: str
 
 
@@ -171,7 +173,7 @@ def completion(bin: Path | str, gguf: Path | str, prompt: str | Sequence[int], n
             "the prompt ids (they do not survive llama-completion's text input: pass the prompt as text)"
         raise PeerError(f"llama-completion evaluated {ids[:len(want) + 2][:16]}... for a prompt of "
                         f"{len(want)} ids, not {how}: {want[:16]}...")
-    return Continuation(want, ids[len(want):], r.stderr)
+    return Continuation(want, ids[len(want):], r.stdout, r.stderr)
 
 
 def greedy_continuation(bin: Path | str, gguf: Path | str, prompt: str | Sequence[int], n_tokens: int,

@@ -11,7 +11,7 @@ The vocabulary is a byte-level BPE made without training (tiny_tokenizer):
 the 256 byte symbols, 252 merges of common character pairs, and
 <pad>/<unk>/<bos>/<eos> (ids 508-511). convert_hf_to_gguf.py only recognises the pre-tokenizers
 of published models (by hashing a tokenisation), so to_gguf runs it with that
-check answering "gpt2" -- which is what this vocabulary is: GPT-2's byte-level
+check answering "gpt-2" -- which is what this vocabulary is: GPT-2's byte-level
 pre-tokenizer; and where a converter first tries a SentencePiece vocabulary,
 the missing tokenizer.model is the FileNotFoundError that sends it on to the
 BPE one (as with the sentencepiece package installed), not an ImportError.
@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 SEED = 1234
 VOCAB = 512
 SPECIAL = ("<pad>", "<unk>", "<bos>", "<eos>")      # ids VOCAB-4 .. VOCAB-1
@@ -170,7 +170,8 @@ def recipe_key(family: str, variant: str) -> str:
     arch, model_type, kw = recipe(family, variant)
     blob = json.dumps({"v": RECIPE_VERSION, "seed": SEED, "common": _COMMON, "arch": arch, "type": model_type,
                        "kw": kw, "transformers": transformers.__version__, "torch": torch.__version__,
-                       "vocab": _tokenizer_spec(), "llama.cpp": llamacpp_peer().sdist_version()},
+                       "vocab": _tokenizer_spec(), "llama.cpp": llamacpp_peer().sdist_version(),
+                       "convert": _CONVERT_BOOT},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -341,7 +342,7 @@ import runpy, sys
 script = sys.argv[1]
 sys.argv = [script] + sys.argv[2:]
 import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt2"
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 spm = base.TextModel._create_vocab_sentencepiece
 def no_spm(self):
     if not (self.dir_model / "tokenizer.model").is_file():
@@ -379,7 +380,11 @@ def to_gguf(checkpoint_dir: Path | str, outtype: str = "f32") -> Path:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), str(src)]),
                    "NO_LOCAL_GGUF": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
             cmd = [sys.executable, "-c", _CONVERT_BOOT, str(src / "convert_hf_to_gguf.py"), str(checkpoint_dir),
-                   "--outfile", str(tmp), "--outtype", outtype]
+                   "--outfile", str(tmp), "--outtype", outtype,
+                   # general.name: by default the folder's name; llama.cpp gives a vocabulary whose
+                   # model name contains "phi3" Phi-3's special tokens (</s>, <s>, ...), which this
+                   # vocabulary lacks, so the name is neutral
+                   "--model-name", f"hf-tiny {checkpoint_dir.name.rsplit('-', 1)[-1]}"]
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
             if r.returncode or not tmp.is_file():
                 raise RuntimeError(f"convert_hf_to_gguf.py failed (exit {r.returncode}) for {checkpoint_dir}:\n"
