@@ -3,8 +3,10 @@
 llama.cpp comes from the llama-cpp-python source distribution (its vendored
 llama.cpp): `--build` downloads the sdist into the cache directory when it is
 absent (`pip download --no-deps --no-binary llama-cpp-python`), then builds
-only `llama-speculative`, `llama-simple` (plain greedy decoding) and
-`llama-bench` (kernel speed: bench/rows_vs_llamacpp.py) with
+only `llama-speculative`, `llama-simple` (plain greedy decoding),
+`llama-bench` (kernel speed: bench/rows_vs_llamacpp.py), and the reference
+tools bench/llamacpp_peer.py drives (`llama-completion`, `llama-tokenize`,
+`llama-quantize`) with
 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF into CACHE/build. Each run is one prompt of
 the bench prompt set (lever/bench_prompts.py), formatted with the target's
 chat template as `lever bench` does, decoded greedily (--temp 0 --top-k 1).
@@ -50,7 +52,8 @@ from lever.values import parse_size
 
 SDIST_VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{SDIST_VERSION}"
-TARGETS = ("llama-speculative", "llama-simple", "llama-bench")
+TARGETS = ("llama-speculative", "llama-simple", "llama-bench", "llama-completion", "llama-tokenize",
+           "llama-quantize")
 # GGML_NATIVE compiles for this CPU (AVX2 / AVX-512 VNNI / its own repacked
 # int8 GEMM), except AMX: on CPUs with AMX (Sapphire Rapids guests) ggml's AMX
 # matmul segfaulted in llama-bench at pp >= 4 (2026-12-05), and Lever has no
