@@ -24,11 +24,15 @@ Bounds (logits here have std ~0.8):
   teacher_forced_gaps reports must be <= 2 * the logit bound.
 
 Prompts (hf_tiny.PROMPT_LENGTHS): 24 tokens (inside LongRoPE's original
-context: short factors) and 100 (long factors, past llama3's original
-context of 64); both cross gemma3's sliding window of 8.  transformers picks
-LongRoPE's factor set by the length of the sequence in the pass, for every
-position; the greedy check therefore starts from the 100-token prompt so
-that every pass is past the original context.
+context: short factors) and 100 (past llama3's original context of 64);
+both cross gemma3's sliding window of 8.
+
+LongRoPE: transformers picks the factor set by the length of the sequence
+in the pass, for every position, so a sequence that grows past the original
+context re-rotates every cached key -- which no KV cache can follow.  Lever
+runs the short factors and caps the context at the original one
+(lever/arch/phi3.py); so phi3/longrope is checked within its original
+context (32 tokens), and a longer generation must be refused in one line.
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ from lever.masks import causal_mask
 hf_tiny = pytest.importorskip("hf_tiny")
 pytest.importorskip("transformers")
 
-# what Lever loads today (llama without RoPE scaling, mistral is GGUF arch llama, qwen2)
-SUPPORTED = {("llama", "base"), ("mistral", "base"), ("qwen2", "base")}
+# every recipe (mistral is GGUF arch llama)
+SUPPORTED = set(hf_tiny.RECIPES)
 FAST_OUTTYPES = ("f32", "q4_k_m")            # the rest are marked slow (each another conversion)
 EXACT = ("f32", "bf16")
 EXACT_BOUND = 1e-4
@@ -84,9 +88,17 @@ def lever_logits(model, ids: np.ndarray) -> np.ndarray:
                          model.new_cache(n))
 
 
+LONGROPE = ("phi3", "longrope")
+LONGROPE_CONTEXT = 32                       # the recipe's original context: Lever's max_context for it
+
+
+def prompt_lengths(family, variant) -> list[int]:
+    return [n for n in hf_tiny.PROMPT_LENGTHS if (family, variant) != LONGROPE or n <= LONGROPE_CONTEXT]
+
+
 @pytest.mark.parametrize("family,variant,outtype", list(cases()))
 def test_logits_match_transformers(family, variant, outtype, gguf):
-    ref = {n: hf_tiny.hf_logits(gguf, hf_tiny.prompt_ids(n)) for n in hf_tiny.PROMPT_LENGTHS}
+    ref = {n: hf_tiny.hf_logits(gguf, hf_tiny.prompt_ids(n)) for n in prompt_lengths(family, variant)}
     model = lever_model(gguf)
     for n, want in ref.items():
         got = lever_logits(model, hf_tiny.prompt_ids(n))
@@ -100,12 +112,21 @@ def test_logits_match_transformers(family, variant, outtype, gguf):
 
 @pytest.mark.parametrize("family,variant,outtype", list(cases()))
 def test_greedy_tokens_are_transformers_argmax_up_to_near_ties(family, variant, outtype, gguf):
-    prompt = hf_tiny.prompt_ids(hf_tiny.PROMPT_LENGTHS[-1], seed=1)
+    prompt = hf_tiny.prompt_ids(prompt_lengths(family, variant)[-1], seed=1)
     model = lever_model(gguf)
-    tokens = generate_tokens(model, prompt.tolist(), NEW_TOKENS).token_ids
-    assert len(tokens) == NEW_TOKENS
+    new = min(NEW_TOKENS, model.config.max_context - len(prompt))
+    tokens = generate_tokens(model, prompt.tolist(), new).token_ids
+    assert len(tokens) == new
     seq = np.concatenate([prompt, np.array(tokens[:-1], dtype=np.int64)])
     ref = hf_tiny.hf_logits(gguf, seq)[len(prompt) - 1:]
     gaps = hf_tiny.teacher_forced_gaps(ref, tokens)
-    print(f"{family}/{variant} {outtype}: {len(gaps)} of {NEW_TOKENS} greedy tokens differ from the argmax: {gaps}")
+    print(f"{family}/{variant} {outtype}: {len(gaps)} of {new} greedy tokens differ from the argmax: {gaps}")
     assert all(gap <= 2 * bound(outtype) for *_, gap in gaps), gaps
+
+
+def test_longrope_past_the_original_context_is_refused_in_one_line():
+    model = lever_model(hf_tiny.to_gguf(hf_tiny.make_checkpoint(*LONGROPE), "f32"))
+    assert model.config.max_context == LONGROPE_CONTEXT and model.config.rope_scaling == "longrope"
+    with pytest.raises(LeverError) as e:
+        generate_tokens(model, hf_tiny.prompt_ids(24).tolist(), 16)
+    assert "\n" not in str(e.value) and "context" in str(e.value)
