@@ -469,10 +469,10 @@ layer_windows=()). Per layer, keys and values [kv_head][rows][head_dim]; rows
 [0, length) are committed. layer_windows: one window per layer (tokens a
 sliding-window layer sees, itself included; 0: the layer keeps every row),
 or empty. A windowed layer holds only absolute rows [base(layer), ...): a
-pass slides it down when full, keeping 2W - 1 rows below the pass's lowest
-position (the window, and a window more that compact / truncate may go back
-to), in min(capacity, 3W - 1 + max(T, 1)) rows for passes of at most T rows
-(see csrc/model/kv_cache.h). Units: rows = tokens, nbytes = bytes.)doc")
+pass slides it down when full, keeping K = W - 1 + max(W, 64) rows below the
+pass's lowest position (the window, and rows that compact / truncate may go
+back to), in min(capacity, K + W + 1) rows (K + W + T for passes of T > W + 1
+rows): see csrc/model/kv_cache.h. Units: rows = tokens, nbytes = bytes.)doc")
       .def(py::init(&make_cache), py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"),
            py::arg("capacity"), py::arg("dtype") = "float32", py::kw_only(),
            py::arg("layer_windows") = std::vector<int64_t>())
@@ -511,7 +511,8 @@ to), in min(capacity, 3W - 1 + max(T, 1)) rows for passes of at most T rows
            "only rows with keep[i] != i are copied. ValueError for a bad keep; RuntimeError as truncate.")
       .def("layer_rows", &cache_layer_rows, py::arg("layer"),
            "float32 copies (k, v) of the committed rows the layer holds, rows base(layer)..length: "
-           "[n_kv_heads, length - base(layer), head_dim] each.");
+           "[n_kv_heads, length - base(layer), head_dim] each.")
+      .attr("MIN_ROLLBACK") = KVCache::kMinRollback;
 
   py::class_<LayerLayout>(m, "LayerLayout", R"doc(Where one layer's tensors lie in its byte buffer.
 

@@ -36,7 +36,8 @@ KVCache::KVCache(size_t n_layers, size_t n_kv_heads, size_t head_dim, size_t cap
   }
   windows.resize(n_layers, 0);
   for (size_t w : windows) max_window_ = std::max(max_window_, w);
-  local_cap_ = max_window_ ? std::min(capacity_, 3 * max_window_) : 0;
+  keep_ = max_window_ ? max_window_ - 1 + std::max(max_window_, kMinRollback) : 0;
+  local_cap_ = max_window_ ? std::min(capacity_, keep_ + max_window_ + 1) : 0;
   layers_.resize(n_layers);
   for (size_t l = 0; l < n_layers; ++l) {
     layers_[l].window = windows[l];
@@ -140,11 +141,10 @@ void KVCache::prepare(size_t T, size_t keep_from) {
   const size_t end = length_ + T;
   if (max_window_ == 0 || end - base_ <= local_cap_) return;
   const size_t low = std::min(keep_from, length_);
-  const size_t history = 2 * max_window_ - 1;
-  const size_t floor = std::max(base_, low > history ? low - history : 0);
+  const size_t floor = std::max(base_, low > keep_ ? low - keep_ : 0);
   const size_t need = end - floor;
   const size_t cap =
-      need > local_cap_ ? std::min(capacity_, std::max(need, 3 * max_window_ - 1 + T)) : local_cap_;
+      need > local_cap_ ? std::min(capacity_, std::max(need, keep_ + max_window_ + T)) : local_cap_;
   const size_t rb = row_bytes(), kept = length_ - floor, from = floor - base_;
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = layers_[l];

@@ -10,17 +10,21 @@
 //  - a windowed layer (window W > 0: a sliding-window layer whose queries see
 //    only the last W positions, themselves included) holds the absolute rows
 //    [base, base + local capacity). Before a pass (prepare), when its rows
-//    do not fit, the rows below base' = (lowest position of the pass) - (2W - 1)
-//    are dropped by sliding the rest down to storage row 0 (base = base'):
-//    the W - 1 rows the pass can see, and W more that a later compaction or
-//    truncation may take the cache back to. The local capacity starts at
-//    min(capacity, 3W) and grows, when a pass needs more, to
-//    min(capacity, max(need, 3W - 1 + T)): with passes of at most T rows it
-//    is min(capacity, 3W - 1 + max(T, 1)), and a slide copies 2W - 1 rows at
-//    most every W tokens. Every windowed layer of one cache shares one base
+//    do not fit, the rows below base' = (lowest position of the pass) - K are
+//    dropped by sliding the rest down to storage row 0 (base = base'), where
+//    K = W - 1 + R: the W - 1 rows the pass can see, and R = max(W,
+//    kMinRollback) more that a later compaction or truncation may take the
+//    cache back to (a draft model's tree and the chain it drafts ahead are
+//    compacted back to their root: a dozen or two positions deep with the
+//    default limits). The local capacity starts at min(capacity, K + W + 1)
+//    and grows, when a pass of T rows needs more, to min(capacity, max(need,
+//    K + W + T)): with passes of at most T rows it is min(capacity, K + W + 1)
+//    while T <= W + 1, else min(capacity, K + W + T); a slide copies K rows
+//    about every W tokens. Every windowed layer of one cache shares one base
 //    and one local capacity (the largest window decides).
 // An operation that would leave the cache needing a dropped row (truncate or
-// compact to n rows with base > n - (W - 1)) throws std::runtime_error.
+// compact to n rows with base > n - (W - 1), a pass seeing a row below base)
+// throws std::runtime_error.
 //
 // Units: n_rows / length / capacity / base / windows are rows (tokens);
 // nbytes is bytes; element offsets and strides are in elements of the cache dtype.
@@ -37,6 +41,9 @@ namespace lever {
 
 class KVCache {
  public:
+  // Rows a windowed layer keeps beyond its window below a pass, at least (see the top).
+  static constexpr size_t kMinRollback = 64;
+
   // windows: one per layer (0: a full layer), or empty (every layer full).
   // Throws std::invalid_argument for zero sizes or a windows list of another length.
   KVCache(size_t n_layers, size_t n_kv_heads, size_t head_dim, size_t capacity, ElemType dtype,
@@ -81,8 +88,8 @@ class KVCache {
   void check_fits(size_t n_rows) const;
   // Before a pass of T rows whose lowest position is keep_from: check_fits(length
   // + T), then make the windowed layers hold [base, length + T), sliding
-  // (base = max(base, min(keep_from, length) - (2W - 1))) and growing as the
-  // top of this file says. Rows a pass can see are never dropped.
+  // (base = max(base, min(keep_from, length) - K)) and growing as the top of
+  // this file says. Rows a pass can see are never dropped.
   void prepare(size_t T, size_t keep_from);
 
   // Write T rows of fp32 keys and values, each [T, n_kv_heads * head_dim]
@@ -134,6 +141,7 @@ class KVCache {
   ElemType dtype_;
   std::vector<Layer> layers_;
   size_t max_window_ = 0;   // largest window (0: no windowed layer)
+  size_t keep_ = 0;         // K: rows kept below a pass's lowest position (see the top)
   size_t base_ = 0;         // windowed layers: absolute row of storage row 0
   size_t local_cap_ = 0;    // windowed layers: rows allocated
   size_t length_ = 0;

@@ -741,8 +741,8 @@ BlockSpec local_spec() {
 struct WindowSeq {
   KVCache full, win;
   WindowSeq(ElemType type)
-      : full(3, kDims.n_kv_heads, kDims.head_dim, 128, type),
-        win(3, kDims.n_kv_heads, kDims.head_dim, 128, type, {kWindow, kWindow, 0}) {}
+      : full(3, kDims.n_kv_heads, kDims.head_dim, 512, type),
+        win(3, kDims.n_kv_heads, kDims.head_dim, 512, type, {kWindow, kWindow, 0}) {}
 };
 
 // kTreeParent after L committed rows: positions L + depth, mask [T, L + T]
@@ -824,7 +824,7 @@ void check_window_cache_bitwise(int matrix_type, ElemType cache_type) {
   const std::vector<std::vector<int64_t>> paths = {{0}, {0, 1, 3, 5}, {0, 2, 4, 7}, {0, 1}, {0, 1, 6}};
   const std::vector<std::vector<int64_t>> pruned_paths = {{0}, {0, 1, 3, 5}, {0, 1, 3}, {0, 1}, {0, 1, 6}};
   const std::vector<int64_t> prune = {0, 1, 3, 5, 6};  // live nodes after layer 0
-  for (size_t it = 0; it < 24; ++it) {
+  for (size_t it = 0; it < 90; ++it) {
     std::vector<std::vector<int64_t>> pos(3);
     std::vector<std::vector<uint8_t>> mask(3);
     std::vector<std::vector<float>> x0(3), want(3);
@@ -877,8 +877,8 @@ void check_window_cache_bitwise(int matrix_type, ElemType cache_type) {
     NOTE("sequence " << s << ": " << w.length() << " rows, base " << w.base(0) << ", " << w.slides()
                      << " slides, local capacity " << w.layer_capacity(0) << ", " << w.nbytes() << " of "
                      << seqs[s].full.nbytes() << " bytes");
-    CHECK(w.length() > 8 * kWindow);                 // the window was crossed many times
-    CHECK(w.slides() >= 2);
+    CHECK(w.length() > 30 * kWindow);                // the window was crossed many times
+    CHECK(w.slides() >= 5);
     CHECK(w.base(0) > 0 && w.base(1) == w.base(0) && w.base(2) == 0);
     CHECK(w.nbytes() < seqs[s].full.nbytes());
   }
@@ -926,27 +926,28 @@ bool throws_runtime(const std::function<void()>& f) {
 }  // namespace
 
 TEST(kv_window_slides_and_refuses_dropped_rows) {
-  const size_t W = 4, d = 4, h = 2;
-  KVCache c(2, h, d, 64, ElemType::kF32, {0, W});
-  CHECK_EQ(c.layer_capacity(1), 3 * W);  // min(capacity, 3W)
-  CHECK_EQ(c.nbytes(), 2 * h * (64 + 3 * W) * d * 4);
-  decode_rows(c, 40);
-  // A slide whenever the 3W rows are full, keeping the 2W - 1 rows below the
-  // pass: before the passes at L = 12, 17, ..., 37 (every W + 1 tokens), the
-  // last one to base 37 - (2W - 1) = 30.
+  // K = W - 1 + max(W, 64) = 67 rows kept below a pass; K + W + 1 = 72 rows held.
+  const size_t W = 4, d = 4, h = 2, K = W - 1 + KVCache::kMinRollback, n = 300;
+  KVCache c(2, h, d, 512, ElemType::kF32, {0, W});
+  CHECK_EQ(c.layer_capacity(1), K + W + 1);
+  CHECK_EQ(c.nbytes(), 2 * h * (512 + K + W + 1) * d * 4);
+  decode_rows(c, n);
+  // A slide whenever the 72 rows are full, keeping the K rows below the pass:
+  // before the passes at L = 72, 77, ..., 297 (every W + 1 tokens), the last
+  // one to base 297 - K = 230.
   CHECK_EQ(c.base(0), 0u);
-  CHECK_EQ(c.base(1), 30u);
-  CHECK_EQ(c.layer_capacity(1), 3 * W);
-  CHECK_EQ(c.slides(), 6u);
-  std::vector<float> k(h * 40 * d), v(k.size());
+  CHECK_EQ(c.base(1), 230u);
+  CHECK_EQ(c.layer_capacity(1), K + W + 1);
+  CHECK_EQ(c.slides(), 46u);
+  std::vector<float> k(h * n * d), v(k.size());
   c.read_rows(1, k.data(), v.data());
-  const size_t held = 40 - c.base(1);
+  const size_t held = n - c.base(1);
   for (size_t r = 0; r < held; ++r) {
     CHECK_EQ(k[r * d], static_cast<float>(c.base(1) + r) + 0.5f);
     CHECK_EQ(v[(held + r) * d], -static_cast<float>(c.base(1) + r));  // head 1
   }
   // keys_at: absolute rows; rows below base are gone.
-  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, 35)), 35.5f);
+  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, 295)), 295.5f);
   CHECK(throws_invalid([&] { c.keys_at(1, c.base(1) - 1); }));
   // Back to n rows needs rows n - (W - 1).. : allowed down to base + W - 1.
   const size_t b = c.base(1);
@@ -954,20 +955,20 @@ TEST(kv_window_slides_and_refuses_dropped_rows) {
   std::vector<int64_t> keep(b + W - 2);
   for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int64_t>(i);
   CHECK(throws_runtime([&] { c.compact(keep.data(), keep.size()); }));
-  CHECK_EQ(c.length(), 40u);  // unchanged
+  CHECK_EQ(c.length(), n);  // unchanged
   // A row below base cannot be written, one past the held rows neither.
   std::vector<float> row(h * d, 1.0f);
   const size_t below = b - 1, past = b + c.layer_capacity(1);
   CHECK(throws_runtime([&] { c.write_rows(1, row.data(), row.data(), &below, 1, h * d); }));
   CHECK(throws_runtime([&] { c.write_rows(1, row.data(), row.data(), &past, 1, h * d); }));
   // A compaction that keeps enough rows: rows i >= base get rows keep[i].
-  keep.assign(38, 0);
-  for (size_t i = 0; i < 36; ++i) keep[i] = static_cast<int64_t>(i);
-  keep[36] = 37;
-  keep[37] = 39;
+  keep.assign(n - 2, 0);
+  for (size_t i = 0; i < n - 4; ++i) keep[i] = static_cast<int64_t>(i);
+  keep[n - 4] = n - 3;
+  keep[n - 3] = n - 1;
   c.compact(keep.data(), keep.size());
-  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, 36)), 37.5f);
-  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, 37)), 39.5f);
+  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, n - 4)), n - 3 + 0.5f);
+  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, n - 3)), n - 1 + 0.5f);
   c.truncate(b + W - 1);
   CHECK_EQ(c.length(), b + W - 1);
   // Emptied, the cache starts again from row 0.
@@ -975,9 +976,9 @@ TEST(kv_window_slides_and_refuses_dropped_rows) {
   CHECK_EQ(c.base(1), 0u);
   decode_rows(c, 3);
   CHECK_EQ(*static_cast<const float*>(c.keys_at(1, 0)), 0.5f);
-  // A pass of more rows than the local capacity grows it to 3W - 1 + T.
-  c.prepare(20, c.length());
-  CHECK_EQ(c.layer_capacity(1), 3 * W - 1 + 20);
+  // A pass of more rows than the local capacity holds grows it to K + W + T.
+  c.prepare(100, c.length());
+  CHECK_EQ(c.layer_capacity(1), K + W + 100);
   CHECK(throws_invalid([] { KVCache(2, h, d, 8, ElemType::kF32, {W}); }));  // one window for two layers
 }
 
@@ -991,8 +992,8 @@ TEST(model_window_cache_checks) {
   KVCache short_window(3, kDims.n_kv_heads, kDims.head_dim, 64, ElemType::kF32, {kWindow - 1, kWindow, 0});
   CHECK(throws_invalid([&] { model.begin_pass(pos.data(), 2, mask.data(), 2, short_window); }));
   // A pass whose rows see cache rows the cache dropped (positions far below its length).
-  KVCache c(3, kDims.n_kv_heads, kDims.head_dim, 64, ElemType::kF32, {kWindow, kWindow, 0});
-  decode_rows(c, 40);
+  KVCache c(3, kDims.n_kv_heads, kDims.head_dim, 256, ElemType::kF32, {kWindow, kWindow, 0});
+  decode_rows(c, 200);
   REQUIRE(c.base(0) > 0);
   const size_t L = c.length();
   std::vector<int64_t> low = {static_cast<int64_t>(c.base(0))};  // its window starts below base
