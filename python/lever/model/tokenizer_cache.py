@@ -9,9 +9,10 @@ The BPE model is kept as vocab.json + merges.txt and read with
 through serde's buffered untagged-enum path and peaks at about 2.5x the
 memory (for Qwen2.5's 151,646-token vocabulary: +131 MB against +55 MB).
 merges.txt holds one "LEFT RIGHT" pair a line, so a vocabulary whose merges
-name a token with a space or a line break in it (Gemma's runs of newlines)
-keeps them as merges.json (a JSON list of pairs) instead, read through
-Python (for Gemma 4's 514,906 merges: a 324 MB peak against 155 MB).
+name a token with a space or a line break in it (Llama 2's tokens ending in
+"\r", Gemma's runs of newlines) keeps them as merges.json (a JSON list of
+pairs) instead, read through Python (for Gemma 4's 514,906 merges: a 324 MB
+peak where merges.txt would take 155 MB).
 The sidecar holds the rest: the special ids and flags, the chat template and
 the recipe (kind, pre-tokenizer family, added tokens).
 
