@@ -434,6 +434,15 @@ def test_tiny_vocab_builds():
     assert t.chat_template is None and t.format_prompt("ab") == "ab"
 
 
+def test_add_eos_and_special_parsing_off():
+    t = Tokenizer.from_gguf(FakeGGUF(_tiny_metadata(**{"tokenizer.ggml.add_eos_token": True})))
+    assert t.add_eos is True and t.add_bos is False                    # byte-level default: no BOS
+    assert t.encode("ab") == [2, 3] and t.encode("ab<|end|>") == [2, 3]  # EOS once
+    assert t.encode("ab", add_eos=False) == [2]
+    assert t.encode("ab<|end|>", add_eos=False, parse_special=False) == [2]    # no '<', '|', ... tokens here
+    assert t.encode("ab<|end|>", add_eos=False) == [2, 3]              # parsing stays on for the next call
+
+
 def test_unsupported_pre_tokenizer():
     with pytest.raises(UnsupportedModelError, match="'chameleon-xyz'"):
         Tokenizer.from_gguf(FakeGGUF(_tiny_metadata(**{"tokenizer.ggml.pre": "chameleon-xyz"})))

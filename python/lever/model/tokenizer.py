@@ -175,17 +175,21 @@ class Tokenizer:
         written in the text map to their ids; without, their text is encoded as
         plain text (user-defined tokens are matched either way, as llama.cpp
         does).  BOS is prepended when `add_bos`, EOS appended when `add_eos`
-        (default: the model's convention) and the model has one."""
+        (default: the model's convention) and the model has one -- but not a
+        second time: text that starts with the BOS token already (a chat
+        template that writes `bos_token`: Llama, Gemma, Mistral) keeps the one
+        it has, where llama.cpp would add another and warn."""
         with self._encode_lock:         # encode_special_tokens is the shared tokenizer's setting
             self._tok.encode_special_tokens = not parse_special
             try:
                 ids = self._tok.encode(text, add_special_tokens=False).ids
             finally:
                 self._tok.encode_special_tokens = False
-        if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None:
-            ids.insert(0, self.bos_token_id)
-        if (self.add_eos if add_eos is None else add_eos) and self.eos_token_id is not None:
-            ids.append(self.eos_token_id)
+        bos, eos = self.bos_token_id, self.eos_token_id
+        if (self.add_bos if add_bos is None else add_bos) and bos is not None and ids[:1] != [bos]:
+            ids.insert(0, bos)
+        if (self.add_eos if add_eos is None else add_eos) and eos is not None and ids[-1:] != [eos]:
+            ids.append(eos)
         return ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
