@@ -115,11 +115,42 @@ def test_cached_tokenizer_meets_the_goldens(models, name, merges_file, tmp_path)
 # --------------------------------------------------------------------------- SentencePiece
 
 
-def spm_loop(text: str, tokens: list[str], scores: list[float], types: list[int]) -> list[int]:
-    """llama.cpp's SPM tokenisation of `text` (no special tokens), written out directly."""
+def spm_loop(tokens: list[str], scores: list[float], types: list[int], prefix: bool = True,
+             rstrip: frozenset[str] = frozenset()):
+    """llama.cpp's SPM tokenisation (special-token text not parsed; `prefix`:
+    the dummy prefix space), written out directly, as a function of the text:
+    user-defined tokens cut the text first (longest first; those in `rstrip`
+    drop the whitespace after them), each piece between them is joined pair
+    by pair (`spm_join`)."""
     normal = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 1}
     byte = {int(t[3:5], 16): i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 6}
-    symbols = list("\u2581" + text.replace(" ", "\u2581"))
+    user = sorted((i for i, ty in enumerate(types) if ty == 4), key=lambda i: -len(tokens[i]))
+
+    def encode(text: str) -> list[int]:
+        pieces: list[str | int] = [text] if text else []
+        for i in user:
+            cut = []
+            for p in pieces:
+                parts = p.split(tokens[i]) if isinstance(p, str) else [p]
+                for k, part in enumerate(parts):
+                    if k and tokens[i] in rstrip:
+                        part = part.lstrip(" \t\n\v\f\r")
+                    cut += ([i] if k else []) + ([part] if part != "" else [])
+            pieces = cut
+        out = []
+        for p in pieces:
+            out += [p] if isinstance(p, int) else spm_join(("\u2581" if prefix else "") + p.replace(" ", "\u2581"),
+                                                           normal, byte, scores)
+        return out
+
+    return encode
+
+
+def spm_join(text: str, normal: dict[str, int], byte: dict[int, int], scores: list[float]) -> list[int]:
+    """SPM's loop on one piece: from single characters, join the adjacent pair
+    whose text is a normal token of highest score (leftmost on a tie); what is
+    left that is no token falls back to byte tokens."""
+    symbols = list(text)
     right = list(range(1, len(symbols))) + [-1]
     left = list(range(-1, len(symbols) - 1))
     queue: list = []
@@ -148,16 +179,20 @@ def spm_loop(text: str, tokens: list[str], scores: list[float], types: list[int]
     return out
 
 
-def test_spm_matches_the_spm_loop(models, built):
-    md = GGUFFile(vocab_file(models, "llama-spm")).metadata
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
+def test_spm_matches_the_spm_loop(models, built, name):
+    """Phi-3's vocabulary is Llama 2's with a user-defined </s>, which cuts the
+    text first and drops the whitespace after it (llama.cpp's Phi-3 rule)."""
+    md = GGUFFile(vocab_file(models, name)).metadata
     tokens, scores, types = (list(md[f"tokenizer.ggml.{k}"]) for k in ("tokens", "scores", "token_type"))
-    tok = tokenizer(models, built, "llama-spm")
+    tok = tokenizer(models, built, name)
     rng = random.Random(7)
     pieces = [" ", " ", " ", "  ", "\t", "\n", "a", "e", "H", "llo", "the", "ing", "中", "文", "é", "🦙", ".", ",",
-              "1", "2", "'", "x", "Ω"]
-    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(600)]
+              "1", "2", "'", "x", "Ω", "</s>", "<s>"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(800)]
     texts += [" " * n + "Hi" + " " * n for n in range(1, 40)]
-    wrong = [t for t in texts if plain(tok, t) != spm_loop(t, tokens, scores, types)]
+    reference = spm_loop(tokens, scores, types, rstrip=frozenset({"</s>"} if name == "phi-3" else ()))
+    wrong = [t for t in texts if plain(tok, t) != reference(t)]
     assert wrong == []
 
 
