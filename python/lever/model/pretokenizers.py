@@ -12,9 +12,24 @@ regex would give other ids without a word.
 
 Checked against llama.cpp's vocab goldens (tests/model/test_tokenizer_goldens.py):
 ``gpt-2``, ``mpt``, ``starcoder``, ``refact``, ``command-r``, ``qwen2``,
-``qwen35``, ``llama-bpe``, ``deepseek-coder``, ``falcon``.  ``smollm`` is
-SmolLM2's tokenizer.json (the same pieces as ``starcoder``); the other names
-are llama.cpp's aliases of a checked family.
+``qwen35``, ``llama-bpe``, ``deepseek-coder``, ``falcon``; the other names
+are llama.cpp's aliases of a checked family.  Notes:
+
+* ``smollm`` is SmolLM2's tokenizer.json, ``Digits(individual_digits=True)``
+  then the GPT-2 byte-level regex -- the same pieces as ``starcoder``.
+  transformers' GGUF converter leaves the digit split out; that changes ids
+  where whitespace precedes a digit (``"  5"``: ``["ĠĠ", "5"]`` here,
+  ``["Ġ", "Ġ", "5"]`` without the split).
+* ``qwen2``: NFC normaliser, single digits, letters with one leading
+  non-letter; ``qwen35`` keeps combining marks with their letters and has no
+  NFC (its goldens hold NFD text).  ``command-r``'s NFC is its
+  tokenizer.json's; its goldens have no text that NFC changes.
+* ``llama-bpe``: digits in groups of three, and a pre-token found whole in
+  the vocabulary is one token (``ignore_merges``), as in Llama 3's
+  tokenizer.json.
+* ``default`` (also a file without `tokenizer.ggml.pre`) is plain GPT-2, as
+  before; llama.cpp's own "default" list also isolates punctuation and cuts
+  digits in threes, and has no goldens to tell which is right.
 """
 
 from __future__ import annotations
