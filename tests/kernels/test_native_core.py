@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from lever import _native
-from lever.model.decoder import DecoderLayer, RMSNorm, rope_cos_sin
-from lever.model.kv_cache import KVCache as TorchKVCache
-from lever.model.linear import QuantTensor
-from lever.model.topk_head import EMPTY_ID, topk_result, topk_state
+from lever.reference.decoder import DecoderLayer, RMSNorm, rope_cos_sin
+from lever.reference.kv_cache import KVCache as TorchKVCache
+from lever.reference.linear import QuantTensor
+from lever.topk_head import EMPTY_ID, topk_result, topk_state
 from lever.model_config import ModelConfig
 from lever.sampling import log_softmax
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lever.model.checkpoint_loader import load_checkpoint_model
-from lever.model.decoder import causal_mask
+from lever.reference.checkpoint_loader import load_checkpoint_model
+from lever.reference.decoder import causal_mask
 
 import transformers
 

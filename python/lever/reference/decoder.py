@@ -6,7 +6,7 @@ tokens), appends their keys/values to a `KVCache`, and returns logits.
 Plain decoding passes a causal mask; tree verification passes a tree mask.
 
 Linear layers and the embedding hold either dense torch weights or quantised
-blocks (`lever.model.linear`): quantised weights are multiplied by the native
+blocks (`lever.reference.linear`): quantised weights are multiplied by the native
 kernels without being dequantised.
 
 Parameter names follow Hugging Face (`embed_tokens`, `layers.N.self_attn.q_proj`,
