@@ -1,16 +1,37 @@
-"""A Llama / Qwen2 decoder in plain torch.
+"""The decoder of `lever.model_config.ModelConfig` in plain torch: the reference.
 
 One forward takes a batch of new tokens of one sequence with explicit
 position ids and an explicit boolean attention mask over (cached rows + new
 tokens), appends their keys/values to a `KVCache`, and returns logits.
 Plain decoding passes a causal mask; tree verification passes a tree mask.
 
+Every block feature of the config is computed here once, switched on by its
+field (never by the architecture's name), with the arithmetic of the native
+decoder (csrc/model/decoder_layer.cpp), so that on float32 weights the two
+agree to float rounding:
+
+- q / k RMS norms over each head before RoPE (`qk_norm`);
+- RMS norms after the attention output and after the MLP (`sandwich_norms`);
+- the gate's activation: SiLU or GELU with the tanh approximation (`activation`);
+- RoPE (rotate-half) on the first `rotary_dims` dims of each head, angles
+  position * frequency in float32, frequencies from `rope_theta` (global
+  layers) or `rope_theta_local` (sliding-window layers), divided by
+  `rope_freq_factors` and, on global layers, by `rope_linear`; cos and sin
+  multiplied by `rope_attn_factor`; none on "n" (NoPE) layers;
+- queries scaled by `query_scale` (the attention kernel's scale);
+- on "l" layers the pass's mask also hides keys `sliding_window` or more
+  positions back (committed cache row c holds position c);
+- embedding rows multiplied by `embed_scale`; logits soft-capped to
+  c * tanh(logits / c) with c = `logit_softcap` > 0.
+
 Linear layers and the embedding hold either dense torch weights or quantised
 blocks (`lever.reference.linear`): quantised weights are multiplied by the native
 kernels without being dequantised.
 
 Parameter names follow Hugging Face (`embed_tokens`, `layers.N.self_attn.q_proj`,
-...) minus the `model.` prefix, so checkpoints map onto it one to one.
+...) minus the `model.` prefix, so checkpoints map onto it one to one; the
+block's extra norms are `self_attn.q_norm`, `self_attn.k_norm` [head_dim],
+`self_attn.post_norm` and `mlp.post_norm` [hidden] (`model_config.layer_shapes`).
 """
 
 from __future__ import annotations
@@ -36,54 +57,101 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Over the last dim (elements) of x, in float32, the result in x's dtype."""
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos and sin tables [T, head_dim] for the given positions (rotate-half layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+def inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+    """float32 [rotary_dims / 2]: each rotated pair's frequency (radians per
+    position) on a global (or, `local`, a sliding-window) layer, computed in
+    float32 as the native core does: 1 / theta^(2i / d), divided by the
+    frequency factors and, on global layers, the linear factor."""
+    d = cfg.rotary_dims
+    theta = (cfg.rope_theta_local or cfg.rope_theta) if local else cfg.rope_theta
+    f = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if cfg.rope_freq_factors:
+        f = f / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
+    if not local and cfg.rope_linear != 1.0:
+        f = f / cfg.rope_linear
+    return f
+
+
+def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype, attn_factor: float = 1.0):
+    """cos and sin tables [T, len(freqs)] of the angles position * freq (float32),
+    times `attn_factor`, in `dtype`."""
+    angles = positions.float()[:, None] * freqs[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    if attn_factor != 1.0:
+        cos, sin = cos * attn_factor, sin * attn_factor
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [heads, T, head_dim] by per-token angles (cos/sin [T, head_dim])."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """Rotate x [heads, T, head_dim] by per-token angles (cos / sin [T, half]):
+    for i < half, (x[i], x[i + half]) becomes (a cos - b sin, b cos + a sin);
+    the dims past 2 * half are left as they are (partial rotary)."""
+    half = cos.shape[-1]
+    a, b, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    return torch.cat((a * cos - b * sin, b * cos + a * sin, rest), dim=-1)
+
+
+def window_mask(mask: torch.Tensor, positions: torch.Tensor, cached: int, window: int) -> torch.Tensor:
+    """`mask` [T, cached + T] with every key `window` or more positions behind
+    its row hidden: a row at position p sees a key at position k only if
+    p - k < window (cache row c < cached holds position c; new row j, positions[j])."""
+    keys = torch.cat((torch.arange(cached, dtype=torch.int64), positions.to(torch.int64)))
+    return mask & ((positions.to(torch.int64)[:, None] - keys[None, :]) < window)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.scale = cfg.query_scale
+        self.qk_norm, self.sandwich_norms = cfg.qk_norm, cfg.sandwich_norms
         self.q_proj = Linear(cfg.hidden_size, cfg.n_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.k_proj = Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.v_proj = Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.o_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        if cfg.sandwich_norms:
+            self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int) -> torch.Tensor:
+    def forward(self, x, rope, mask, cache: KVCache, layer: int) -> torch.Tensor:
+        """rope: (cos, sin) tables of the layer's kind, None on a NoPE layer."""
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.n_heads, self.head_dim).transpose(0, 1)
-        k = self.k_proj(x).view(t, self.n_kv_heads, self.head_dim).transpose(0, 1)
+        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.n_kv_heads, self.head_dim).transpose(0, 1)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(0, 1), k.transpose(0, 1)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         k_all, v_all = cache.write(layer, k, v)
-        return self.o_proj(attend(q, k_all, v_all, mask))
+        out = self.o_proj(attend(q, k_all, v_all, mask, self.scale))
+        return self.post_norm(out) if self.sandwich_norms else out
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.gelu, self.sandwich_norms = cfg.activation == "gelu_tanh", cfg.sandwich_norms
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        if cfg.sandwich_norms:
+            self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        out = self.down_proj(gate * self.up_proj(x))
+        return self.post_norm(out) if self.sandwich_norms else out
 
 
 class DecoderLayer(nn.Module):
@@ -94,8 +162,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
+    def forward(self, x, rope, mask, cache: KVCache, layer: int) -> torch.Tensor:
+        """rope: (cos, sin) [T, rotary_dims / 2] of this layer's kind, or None
+        (NoPE); mask: bool [T, cache.length + T] of this layer's kind."""
+        x = x + self.self_attn(self.input_layernorm(x), rope, mask, cache, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -103,7 +173,7 @@ class Decoder(nn.Module):
     """The whole model: embedding, decoder layers, final norm, output head.
 
     `stage_times`: None (default), or a list to which every forward appends
-    (stage, seconds) for "embed" (rotary tables + embedding lookup), each
+    (stage, seconds) for "embed" (rotary tables, masks + embedding lookup), each
     "layer.N" and "head" (final norm + output projection) -- the profiler's
     hook (`lever.cost.profile`); None costs one `if` per stage.
     """
@@ -146,33 +216,54 @@ class Decoder(nn.Module):
         tokens, positions: int64 [T].  mask: bool [T, cache.length + T] (a
         torch tensor or a numpy array, as `causal_mask` makes), True
         where a new token may attend to a cached row (first `cache.length`
-        columns) or to a new token (last T columns).  `logits_rows` picks the
-        rows whose logits are wanted (default: all).  Returns float32 logits
-        [len(logits_rows) or T, vocab].
+        columns) or to a new token (last T columns); sliding-window layers
+        narrow it further.  `logits_rows` picks the rows whose logits are
+        wanted (default: all).  Returns float32 logits [len(logits_rows) or
+        T, vocab], soft-capped when the config says so.
         """
         with torch_threads(self.torch_threads):
             return self._forward(tokens, positions, mask, cache, logits_rows)
+
+    def layer_inputs(self, positions: torch.Tensor, mask: torch.Tensor, cached: int) -> dict:
+        """Layer kind ("g", "l", "n") -> (rope tables or None, mask) of a pass
+        at `positions` over `cached` committed rows, for the kinds the model has."""
+        cfg = self.config
+        kinds = set(cfg.layer_kinds or "g")
+        out = {}
+        if "g" in kinds:
+            out["g"] = (rope_cos_sin(positions, inv_freq(cfg), self.dtype, cfg.rope_attn_factor), mask)
+        if "l" in kinds:
+            out["l"] = (rope_cos_sin(positions, inv_freq(cfg, local=True), self.dtype, cfg.rope_attn_factor),
+                        window_mask(mask, positions, cached, cfg.sliding_window))
+        if "n" in kinds:
+            out["n"] = (None, mask)
+        return out
 
     def _forward(self, tokens, positions, mask, cache, logits_rows):
         mask = torch.as_tensor(mask)
         t = tokens.shape[0]
         if mask.shape != (t, cache.length + t):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({t}, {cache.length + t})")
+        cfg = self.config
         cache.reserve(cache.length + t)
         times = self.stage_times
         t0 = time.perf_counter() if times is not None else 0.0
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+        inputs = self.layer_inputs(positions, mask, cache.length)
         x = self.embed_tokens(tokens, self.dtype)
+        if cfg.embed_scale != 1.0:
+            x = x * cfg.embed_scale
         if times is not None:
             t0 = lap(times, "embed", t0)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, cache, i)
+            x = layer(x, *inputs[cfg.kind(i)], cache, i)
             if times is not None:
                 t0 = lap(times, f"layer.{i}", t0)
         cache.advance(t)
         if logits_rows is not None:
             x = x[logits_rows]
         logits = linear(self.norm(x), self.output_weight()).float()
+        if cfg.logit_softcap > 0:
+            logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
         if times is not None:
             lap(times, "head", t0)
         return logits
@@ -183,4 +274,3 @@ def lap(times: list, stage: str, t0: float) -> float:
     now = time.perf_counter()
     times.append((stage, now - t0))
     return now
-
