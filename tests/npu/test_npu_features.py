@@ -69,3 +69,23 @@ def test_each_kind_gets_its_own_tables_and_mask():
     narrowed = window_mask(mask, positions, 4, 3)
     keys = np.concatenate([np.arange(4), positions])
     assert np.array_equal(narrowed, positions[:, None] - keys[None, :] < 3)
+
+
+def test_a_feature_the_graph_does_not_compute_is_refused_in_one_line(monkeypatch, tmp_path):
+    """A block feature missing from graph.BLOCK_FIELDS (as one added to
+    ModelConfig later would be), or an activation the graph lacks, is refused
+    by name before any session is made -- never computed as something else."""
+    from lever.errors import LeverError
+    from lever.npu import graph
+    cfg = block_config(qk_norm=True, activation="gelu_tanh")
+    model = native_decoder(cfg, random_tensors(cfg))
+    monkeypatch.setattr(graph, "BLOCK_FIELDS", graph.BLOCK_FIELDS - {"qk_norm"})
+    with pytest.raises(LeverError) as e:
+        use_static_backend(model, "cpu-static", BucketSet((4,), (16,)))
+    assert str(e.value) == "--backend cpu-static: qk_norm is not supported"
+    monkeypatch.undo()
+    monkeypatch.setattr(graph, "GRAPH_ACTIVATIONS", ("silu",))
+    with pytest.raises(LeverError, match=r"^--backend qnn: activation 'gelu_tanh' is not supported$"):
+        use_static_backend(model, "qnn", BucketSet((4,), (16,)), root=tmp_path)
+    with pytest.raises(LeverError, match="activation 'gelu_tanh' is not supported"):
+        layer_graph(cfg, 4, 16)

@@ -118,3 +118,18 @@ def test_sliding_window_hides_old_keys_in_a_tree():
         assert np.array_equal(a[far], b[far]), make.__name__
         assert not np.allclose(a[~far], b[~far]), make.__name__
         assert not np.allclose(a, c), make.__name__
+
+
+def test_a_feature_the_reference_does_not_compute_is_refused_in_one_line(monkeypatch):
+    """A block feature missing from the reference's BLOCK_FIELDS (as one added
+    to ModelConfig later would be) is refused by name, never ignored."""
+    from lever.errors import UnsupportedModelError
+    from lever.reference import decoder
+    cfg = block_config(sandwich_norms=True)
+    monkeypatch.setattr(decoder, "BLOCK_FIELDS", decoder.BLOCK_FIELDS - {"sandwich_norms"})
+    with pytest.raises(UnsupportedModelError) as e:
+        reference_model(cfg, random_tensors(cfg))
+    assert str(e.value) == "the torch reference: sandwich_norms is not supported"
+    monkeypatch.setattr(decoder, "ACTIVATIONS", ("silu",))
+    with pytest.raises(UnsupportedModelError, match="activation 'gelu_tanh' is not supported"):
+        decoder.Decoder(block_config(activation="gelu_tanh"))

@@ -42,6 +42,8 @@ path and `lever compile-npu` need onnx and onnxruntime only.
 
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
+
 import numpy as np
 
 from ..errors import LeverError
@@ -57,6 +59,14 @@ QK_NORM_INPUTS = ("q_norm", "k_norm")                      # qk_norm: [D] each
 SANDWICH_INPUTS = ("attn_post_norm", "ffn_post_norm")      # sandwich_norms: [H] each
 GELU_C = 0.7978845608028654                                # sqrt(2 / pi): GELU's tanh approximation
 OUTPUTS = ("y", "k_new", "v_new")
+# The block features (ModelConfig fields with a default) a static backend computes, every value
+# of them: in the graph, in its inputs (the runner's tables and masks) or around it (the native
+# decoder's embedding scale and soft-cap).  A feature added to ModelConfig later is refused
+# (`unsupported`) until it is computed here.
+BLOCK_FIELDS = frozenset({"qk_norm", "sandwich_norms", "activation", "rope_dims", "rope_theta_local",
+                          "rope_scaling", "rope_linear", "rope_freq_factors", "rope_attn_factor",
+                          "sliding_window", "layer_kinds", "attn_scale", "embed_scale", "logit_softcap"})
+GRAPH_ACTIVATIONS = ("silu", "gelu_tanh")
 
 # decoder layer tensor name (lever.model_config.layer_shapes) -> graph input
 TENSOR_INPUT = {
@@ -69,6 +79,17 @@ TENSOR_INPUT = {
     "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
     "self_attn.post_norm.weight": "attn_post_norm", "mlp.post_norm.weight": "ffn_post_norm",
 }
+
+
+def unsupported(cfg: ModelConfig) -> str | None:
+    """The first block feature of `cfg` a static backend cannot compute, as a
+    phrase ("<field>", "activation '<name>'"), or None."""
+    for f in fields(cfg):
+        if f.default is not MISSING and f.name not in BLOCK_FIELDS and getattr(cfg, f.name) != f.default:
+            return f.name
+    if cfg.activation not in GRAPH_ACTIVATIONS:
+        return f"activation {cfg.activation!r}"
+    return None
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -159,12 +180,11 @@ def _rope(b: _Builder, x: str, heads: int, cfg: ModelConfig, cos: str, sin: str,
 
 
 def _gate(b: _Builder, gate: str, activation: str) -> str:
-    """The gate's activation: SiLU, g * sigmoid(g), or GELU's tanh approximation
+    """The gate's activation (one of GRAPH_ACTIVATIONS, checked by layer_graph):
+    SiLU, g * sigmoid(g), or GELU's tanh approximation
     0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))) (g^2, not g^3: float16 range)."""
     if activation == "silu":
         return b.op("Mul", gate, b.op("Sigmoid", gate))
-    if activation != "gelu_tanh":
-        raise LeverError(f"the static-shape graph has no {activation!r} activation")
     inner = b.op("Mul", gate, b.op("Add", b.const(1.0), b.op("Mul", b.const(0.044715), b.op("Mul", gate, gate))))
     t = b.op("Tanh", b.op("Mul", b.const(GELU_C), inner))
     return b.op("Mul", b.op("Mul", b.const(0.5), gate), b.op("Add", b.const(1.0), t))
@@ -193,6 +213,9 @@ def layer_graph(cfg: ModelConfig, rows: int, context: int, dtype: str = "float32
     as an `onnx.ModelProto` (see the module docstring for inputs and outputs)."""
     if dtype not in GRAPH_DTYPES:
         raise LeverError(f"graph dtype must be one of {', '.join(GRAPH_DTYPES)}, got {dtype!r}")
+    problem = unsupported(cfg)
+    if problem:
+        raise LeverError(f"the static-shape graph: {problem} is not supported")
     if rows < 1 or context < 1:
         raise LeverError(f"a bucket needs rows >= 1 and context >= 1, got rows={rows}, context={context}")
     if cfg.n_heads % cfg.n_kv_heads or cfg.rotary_dims % 2:
