@@ -3,8 +3,10 @@
 llama.cpp comes from the llama-cpp-python source distribution (its vendored
 llama.cpp): `--build` downloads the sdist into the cache directory when it is
 absent (`pip download --no-deps --no-binary llama-cpp-python`), then builds
-only `llama-speculative`, `llama-simple` (plain greedy decoding) and
-`llama-bench` (kernel speed: bench/rows_vs_llamacpp.py) with
+only `llama-speculative`, `llama-simple` (plain greedy decoding),
+`llama-bench` (kernel speed: bench/rows_vs_llamacpp.py), and the reference
+tools bench/llamacpp_peer.py drives (`llama-completion`, `llama-tokenize`,
+`llama-quantize`) with
 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF into CACHE/build. Each run is one prompt of
 the bench prompt set (lever/bench_prompts.py), formatted with the target's
 chat template as `lever bench` does, decoded greedily (--temp 0 --top-k 1).
@@ -37,7 +39,6 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -48,9 +49,11 @@ from lever.errors import LeverError
 from lever.memory import cgroup
 from lever.values import parse_size
 
-SDIST_VERSION = "0.3.36"
-SDIST = f"llama_cpp_python-{SDIST_VERSION}"
-TARGETS = ("llama-speculative", "llama-simple", "llama-bench")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from llamacpp_source import DEFAULT_CACHE, SDIST, SDIST_VERSION, llama_source  # noqa: E402,F401  (the sdist: download, unpack)
+
+TARGETS = ("llama-speculative", "llama-simple", "llama-bench", "llama-completion", "llama-tokenize",
+           "llama-quantize")
 # GGML_NATIVE compiles for this CPU (AVX2 / AVX-512 VNNI / its own repacked
 # int8 GEMM), except AMX: on CPUs with AMX (Sapphire Rapids guests) ggml's AMX
 # matmul segfaulted in llama-bench at pp >= 4 (2026-12-05), and Lever has no
@@ -60,30 +63,9 @@ CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
                  "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON",
                  f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
-DEFAULT_CACHE = Path(os.environ.get("LEVER_LLAMACPP_DIR") or Path.home() / ".cache" / "lever" / "llamacpp")
 
 
 # -- build -------------------------------------------------------------------
-
-def llama_source(cache: Path) -> Path:
-    """vendor/llama.cpp of the sdist in `cache`, downloading and unpacking it when absent."""
-    src = cache / SDIST / "vendor" / "llama.cpp"
-    if (src / "CMakeLists.txt").is_file():
-        return src
-    cache.mkdir(parents=True, exist_ok=True)
-    archive = cache / f"{SDIST}.tar.gz"
-    if not archive.is_file():
-        print(f"downloading llama-cpp-python=={SDIST_VERSION} (source) into {cache}", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
-                        f"llama-cpp-python=={SDIST_VERSION}", "-d", str(cache)], check=True)
-    print(f"unpacking {archive}", file=sys.stderr)
-    with tarfile.open(archive) as tar:
-        extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(cache, **extra)
-    if not (src / "CMakeLists.txt").is_file():
-        raise LeverError(f"{archive}: has no vendor/llama.cpp/CMakeLists.txt")
-    return src
-
 
 def build(cache: Path, jobs: int) -> dict[str, Path]:
     """Configure and build TARGETS into cache/build (nice'd), printing one

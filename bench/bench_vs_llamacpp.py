@@ -36,6 +36,7 @@ import bench_llamacpp as llamacpp                       # noqa: E402  (the llama
 
 from lever.bench_prompts import load_prompts            # noqa: E402
 from lever.errors import LeverError                     # noqa: E402
+from lever.extras import install_hint                   # noqa: E402
 from lever.gguf.registry import resolve_model          # noqa: E402
 from lever.memory import cgroup                         # noqa: E402
 from lever.values import parse_size                     # noqa: E402
@@ -252,7 +253,7 @@ def main(argv=None) -> int:
         plot(report, args.out / f"{args.name}.png")
         wrote.append(str(args.out / f"{args.name}.png"))
     except ImportError:
-        print("# PNG skipped: matplotlib is not installed (pip install 'lever-llm[plot]')", flush=True)
+        print(f"# PNG skipped: matplotlib is not installed ({install_hint('plot')})", flush=True)
     print(f"# wrote {' and '.join(wrote)}", flush=True)
     return 0
 

@@ -117,11 +117,20 @@ size_t non_negative(int64_t n, const char* what) {
 // KVCache
 
 std::unique_ptr<KVCache> make_cache(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim,
-                                    int64_t capacity, const std::string& dtype) {
+                                    int64_t capacity, const std::string& dtype,
+                                    const std::vector<int64_t>& layer_windows) {
+  std::vector<size_t> windows;
+  for (int64_t w : layer_windows) windows.push_back(non_negative(w, "a layer window"));
   return std::make_unique<KVCache>(non_negative(n_layers, "n_layers"),
                                    non_negative(n_kv_heads, "n_kv_heads"),
                                    non_negative(head_dim, "head_dim"),
-                                   non_negative(capacity, "capacity"), parse_dtype(dtype));
+                                   non_negative(capacity, "capacity"), parse_dtype(dtype), windows);
+}
+
+size_t cache_layer(const KVCache& cache, int64_t layer) {
+  const size_t l = non_negative(layer, "layer");
+  if (l >= cache.n_layers()) throw py::value_error("layer index out of range");
+  return l;
 }
 
 void cache_compact(KVCache& cache, const py::buffer& keep) {
@@ -130,10 +139,9 @@ void cache_compact(KVCache& cache, const py::buffer& keep) {
 }
 
 py::tuple cache_layer_rows(const KVCache& cache, int64_t layer) {
-  const size_t l = non_negative(layer, "layer");
-  if (l >= cache.n_layers()) throw py::value_error("layer index out of range");
+  const size_t l = cache_layer(cache, layer);
   const auto h = static_cast<py::ssize_t>(cache.n_kv_heads());
-  const auto n = static_cast<py::ssize_t>(cache.length());
+  const auto n = static_cast<py::ssize_t>(cache.length() - std::min(cache.length(), cache.base(l)));
   const auto d = static_cast<py::ssize_t>(cache.head_dim());
   py::array_t<float> k({h, n, d}), v({h, n, d});
   cache.read_rows(l, k.mutable_data(), v.mutable_data());
@@ -221,7 +229,7 @@ void model_check_layout(const NativeModel& model, const LayerLayout& layout, int
 
 // One segment's (positions, mask) as a PassSegment over `cache` (the buffers
 // must outlive the call that uses it).
-lever::PassSegment pass_segment(const py::buffer& positions, const py::buffer& mask, const KVCache& cache,
+lever::PassSegment pass_segment(const py::buffer& positions, const py::buffer& mask, KVCache& cache,
                                 const std::string& where) {
   const auto pos = int64_vector(positions, "positions");
   const py::buffer_info m = mask.request();
@@ -240,7 +248,7 @@ lever::PassSegment pass_segment(const py::buffer& positions, const py::buffer& m
 }
 
 void model_begin_pass(NativeModel& model, const py::buffer& positions, const py::buffer& mask,
-                      const KVCache& cache) {
+                      KVCache& cache) {
   model.begin_segments({pass_segment(positions, mask, cache, "")});
 }
 
@@ -249,7 +257,7 @@ void model_begin_segments(NativeModel& model, const py::sequence& segments) {
   for (size_t s = 0; s < static_cast<size_t>(segments.size()); ++s) {
     const auto t = segments[s].cast<py::tuple>();
     if (t.size() != 3) throw py::value_error("a segment is (positions, mask, cache)");
-    segs.push_back(pass_segment(t[0].cast<py::buffer>(), t[1].cast<py::buffer>(), t[2].cast<const KVCache&>(),
+    segs.push_back(pass_segment(t[0].cast<py::buffer>(), t[1].cast<py::buffer>(), t[2].cast<KVCache&>(),
                                 "segment " + std::to_string(s) + ": "));
   }
   model.begin_segments(segs);
@@ -456,14 +464,30 @@ py::array_t<bool> prune_closure(const py::buffer& parents, const py::buffer& kee
 void bind_model(py::module_& m) {
   py::class_<KVCache>(m, "KVCache", R"doc(Key/value cache of one sequence, every layer.
 
-KVCache(n_layers, n_kv_heads, head_dim, capacity, dtype='float32'|'bfloat16').
-Storage [layer][kv_head][capacity][head_dim] for keys and values; rows
-[0, length) are committed. Units: rows = tokens, nbytes = bytes.)doc")
+KVCache(n_layers, n_kv_heads, head_dim, capacity, dtype='float32'|'bfloat16', *,
+layer_windows=()). Per layer, keys and values [kv_head][rows][head_dim]; rows
+[0, length) are committed. layer_windows: one window per layer (tokens a
+sliding-window layer sees, itself included; 0: the layer keeps every row),
+or empty. A windowed layer holds only absolute rows [base(layer), ...): a
+pass slides it down when full, keeping K = W - 1 + max(W, 64) rows below the
+pass's lowest position (the window, and rows that compact / truncate may go
+back to), in min(capacity, K + W + 1) rows (K + W + T for passes of T > W + 1
+rows): see csrc/model/kv_cache.h. Units: rows = tokens, nbytes = bytes.)doc")
       .def(py::init(&make_cache), py::arg("n_layers"), py::arg("n_kv_heads"), py::arg("head_dim"),
-           py::arg("capacity"), py::arg("dtype") = "float32")
+           py::arg("capacity"), py::arg("dtype") = "float32", py::kw_only(),
+           py::arg("layer_windows") = std::vector<int64_t>())
       .def_property_readonly("length", &KVCache::length, "Rows (tokens) committed.")
-      .def_property_readonly("capacity", &KVCache::capacity, "Rows held without reallocating.")
-      .def_property_readonly("nbytes", &KVCache::nbytes, "Bytes allocated for keys and values.")
+      .def_property_readonly("capacity", &KVCache::capacity,
+                             "Absolute rows a pass may reach without reallocating (full layers hold them all).")
+      .def_property_readonly("nbytes", &KVCache::nbytes, "Bytes allocated for keys and values, every layer.")
+      .def("window", [](const KVCache& c, int64_t l) { return c.window(cache_layer(c, l)); }, py::arg("layer"),
+           "The layer's window in rows (0: it keeps every row).")
+      .def("base", [](const KVCache& c, int64_t l) { return c.base(cache_layer(c, l)); }, py::arg("layer"),
+           "The first absolute row the layer still holds (0 for a full layer).")
+      .def("layer_capacity", [](const KVCache& c, int64_t l) { return c.layer_capacity(cache_layer(c, l)); },
+           py::arg("layer"), "Rows allocated for the layer.")
+      .def_property_readonly("slides", &KVCache::slides,
+                             "Times the windowed layers slid their rows down so far (a counter for tests).")
       .def_property_readonly("n_layers", &KVCache::n_layers)
       .def_property_readonly("n_kv_heads", &KVCache::n_kv_heads)
       .def_property_readonly("head_dim", &KVCache::head_dim)
@@ -475,15 +499,20 @@ Storage [layer][kv_head][capacity][head_dim] for keys and values; rows
       .def("truncate", [](KVCache& c, int64_t n) {
              if (n < 0) throw py::value_error("cannot truncate to " + std::to_string(n) + " rows");
              c.truncate(static_cast<size_t>(n));
-           }, py::arg("n"), "Keep the first n rows (0 <= n <= length; ValueError otherwise).")
+           }, py::arg("n"),
+           "Keep the first n rows (0 <= n <= length; ValueError otherwise; RuntimeError if the "
+           "windowed layers dropped rows a pass after n rows needs).")
       .def("reserve", [](KVCache& c, int64_t n) { c.reserve(non_negative(n, "n_rows")); },
            py::arg("n_rows"),
-           "Room for at least n_rows rows: grows to max(n_rows, 2 * capacity), copying only committed rows.")
+           "Room for at least n_rows rows: full layers grow to max(n_rows, 2 * capacity), copying only "
+           "committed rows (windowed layers grow when a pass needs it).")
       .def("compact", &cache_compact, py::arg("keep"),
            "Keep rows keep (int64, strictly increasing, < length), moved to the front; "
-           "only rows with keep[i] != i are copied. ValueError for a bad keep.")
+           "only rows with keep[i] != i are copied. ValueError for a bad keep; RuntimeError as truncate.")
       .def("layer_rows", &cache_layer_rows, py::arg("layer"),
-           "float32 copies (k, v) of the committed rows: [n_kv_heads, length, head_dim] each.");
+           "float32 copies (k, v) of the committed rows the layer holds, rows base(layer)..length: "
+           "[n_kv_heads, length - base(layer), head_dim] each.")
+      .attr("MIN_ROLLBACK") = KVCache::kMinRollback;
 
   py::class_<LayerLayout>(m, "LayerLayout", R"doc(Where one layer's tensors lie in its byte buffer.
 

@@ -14,6 +14,7 @@
 
 #include "model/decoder_layer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -121,7 +122,7 @@ void NativeModel::check_layout(const LayerLayout& layout, size_t buffer_nbytes) 
 }
 
 void NativeModel::begin_pass(const int64_t* positions, size_t T, const uint8_t* mask,
-                             size_t mask_cols, const KVCache& cache) {
+                             size_t mask_cols, KVCache& cache) {
   begin_segments({PassSegment{positions, T, mask, mask_cols, &cache}});
 }
 
@@ -150,15 +151,21 @@ void NativeModel::begin_segments(const std::vector<PassSegment>& segments) {
       }
     }
     cache.check_fits(L + g.T);
+    check_window_rows(where, g, cache);
   }
   active_ = false;
   segs_.clear();
-  size_t rows = 0, mask_bytes = 0;
+  size_t rows = 0, mask_bytes = 0, window_bytes = 0;
   for (const PassSegment& g : segments) {
     const size_t L = g.cache->length();
-    segs_.push_back(Segment{g.cache, g.T, L, g.T, rows, mask_bytes});
+    int64_t lowest = static_cast<int64_t>(L);  // the pass's lowest position (the cache keeps its window)
+    for (size_t t = 0; t < g.T; ++t) lowest = std::min(lowest, g.positions[t]);
+    g.cache->prepare(g.T, static_cast<size_t>(std::max<int64_t>(0, lowest)));
+    const size_t wbase = has_local_ ? window_base(*g.cache) : 0;
+    segs_.push_back(Segment{g.cache, g.T, L, g.T, rows, mask_bytes, wbase, window_bytes});
     rows += g.T;
     mask_bytes += g.T * (L + g.T);
+    window_bytes += g.T * (L + g.T - wbase);
   }
   const size_t T = rows;
   mask_.resize(mask_bytes);
@@ -190,21 +197,25 @@ void NativeModel::begin_segments(const std::vector<PassSegment>& segments) {
     }
   }
   // The sliding window: a row at position p sees a key at position k only if
-  // p - k < window (cache row c < L holds position c; pass row j, position[j]).
+  // p - k < window (cache row c < L holds position c; pass row j, position[j]),
+  // over the cache rows wbase.. the "l" layers hold (check_window_rows: the
+  // rows below are outside every window of the pass).
   window_mask_.clear();
   if (has_local_) {
-    window_mask_ = mask_;
+    window_mask_.resize(window_bytes);
     const auto window = static_cast<int64_t>(spec_.sliding_window);
     for (size_t s = 0; s < segments.size(); ++s) {
       const PassSegment& g = segments[s];
       const Segment& seg = segs_[s];
-      const size_t cols = seg.L + g.T;
+      const size_t cols = seg.L + g.T, wcols = cols - seg.wbase;
       for (size_t t = 0; t < g.T; ++t) {
-        uint8_t* m = window_mask_.data() + seg.mask0 + t * cols;
+        const uint8_t* src = mask_.data() + seg.mask0 + t * cols + seg.wbase;
+        uint8_t* m = window_mask_.data() + seg.wmask0 + t * wcols;
         const int64_t p = g.positions[t];
-        for (size_t c = 0; c < cols; ++c) {
+        for (size_t j = 0; j < wcols; ++j) {
+          const size_t c = seg.wbase + j;
           const int64_t k = c < seg.L ? static_cast<int64_t>(c) : g.positions[c - seg.L];
-          if (p - k >= window) m[c] = 0;
+          m[j] = p - k >= window ? 0 : src[j];
         }
       }
     }
@@ -233,6 +244,44 @@ void NativeModel::check_caches(KVCache* const* caches, size_t n_caches, const ch
       throw std::invalid_argument(std::string(what) + ": the cache" +
                                   (n_caches > 1 ? " of segment " + std::to_string(s) : std::string()) +
                                   " is not the one begin_pass was given, or it changed");
+    }
+  }
+}
+
+size_t NativeModel::window_base(const KVCache& cache) const {
+  size_t b = 0;
+  for (size_t l = 0; l < cache.n_layers(); ++l) {
+    if (kind(l) == LayerKind::kLocal) b = std::max(b, cache.base(l));
+  }
+  return b;
+}
+
+void NativeModel::check_window_rows(const std::string& where, const PassSegment& g, const KVCache& cache) const {
+  for (size_t l = 0; l < cache.n_layers(); ++l) {
+    const size_t w = cache.window(l);
+    if (w == 0) continue;
+    if (kind(l) != LayerKind::kLocal || w < spec_.sliding_window) {
+      throw std::invalid_argument(where + "the cache keeps a window of " + std::to_string(w) + " rows on layer " +
+                                  std::to_string(l) + ", which " +
+                                  (kind(l) != LayerKind::kLocal ? std::string("is not a sliding-window layer")
+                                                                : "sees " + std::to_string(spec_.sliding_window)));
+    }
+  }
+  if (!has_local_) return;
+  // Mask bits of cache rows below the base inside a row's window: rows the
+  // "l" layers no longer hold.
+  const size_t L = cache.length(), held = std::min(window_base(cache), L);
+  const auto window = static_cast<int64_t>(spec_.sliding_window);
+  for (size_t t = 0; t < g.T; ++t) {
+    const int64_t p = g.positions[t];
+    const size_t lo = p > window - 1 ? static_cast<size_t>(p - (window - 1)) : 0;
+    for (size_t c = lo; c < held; ++c) {
+      if (g.mask[t * g.mask_cols + c]) {
+        throw std::runtime_error(where + "row " + std::to_string(t) + " (position " + std::to_string(p) +
+                                 ") sees cache row " + std::to_string(c) +
+                                 ", which the cache's sliding-window layers dropped (they hold rows from " +
+                                 std::to_string(held) + " on)");
+      }
     }
   }
 }
@@ -298,7 +347,6 @@ void NativeModel::layer_segments(float* x, size_t x_rows, const LayerLayout& lay
     rope(table, q_.data(), T, dims_.n_heads, q_cols);
     rope(table, k_.data(), T, dims_.n_kv_heads, kv_cols);
   }
-  const std::vector<uint8_t>& mask = kind == LayerKind::kLocal ? window_mask_ : mask_;
   const float scale = spec_.attn_scale > 0.0f ? spec_.attn_scale : 1.0f / std::sqrt(static_cast<float>(d));
   // Per segment: its keys / values to its own cache, its live queries over
   // the L + T rows of its own cache (mask rows of L + T columns).
@@ -308,10 +356,14 @@ void NativeModel::layer_segments(float* x, size_t x_rows, const LayerLayout& lay
     KVCache& cache = *caches[s];
     cache.write_rows(layer_index, k_.data() + g.row0 * kv_cols, v_.data() + g.row0 * kv_cols,
                      slots_.data() + g.row0, g.live, kv_cols);
-    const AttentionShape shape{dims_.n_heads, dims_.n_kv_heads, g.live, g.L + g.T, d};
+    // "l" layers: the cache rows [wbase, L + T) under the cropped window mask.
+    const bool local = kind == LayerKind::kLocal;
+    const size_t b = local ? g.wbase : 0;
+    const uint8_t* mask = local ? window_mask_.data() + g.wmask0 : mask_.data() + g.mask0;
+    const AttentionShape shape{dims_.n_heads, dims_.n_kv_heads, g.live, g.L + g.T - b, d};
     attention(shape, q_.data() + g.row0 * q_cols, ElemType::kF32, /*q_head=*/d, /*q_row=*/q_cols,
-              cache.keys(layer_index), cache.values(layer_index), cache.dtype(), cache.head_stride(),
-              cache.row_stride(), mask.data() + g.mask0, scale,
+              cache.keys_at(layer_index, b), cache.values_at(layer_index, b), cache.dtype(),
+              cache.head_stride(layer_index), cache.row_stride(), mask, scale,
               attn_.data() + g.row0 * q_cols, ElemType::kF32, q_cols);
   }
   project(attn_.data(), T, q_cols, w.o, nullptr, vec_, proj_.data());
@@ -372,7 +424,7 @@ void NativeModel::keep_rows(float* x, size_t x_rows, const int64_t* keep, size_t
   }
   // keep[i] >= i, so moving rows to the front in order never overwrites a
   // row before it is read.
-  const size_t H = dims_.hidden, half = rope_half_, cols = segs_[0].L + segs_[0].T;
+  const size_t H = dims_.hidden, half = rope_half_, cols = segs_[0].L + segs_[0].T, wcols = cols - segs_[0].wbase;
   const std::vector<RopeTable*> tables = rope_tables();
   for (size_t i = 0; i < n; ++i) {
     const auto src = static_cast<size_t>(keep[i]);
@@ -383,7 +435,7 @@ void NativeModel::keep_rows(float* x, size_t x_rows, const int64_t* keep, size_t
       std::memcpy(table->sin.data() + i * half, table->sin.data() + src * half, half * sizeof(float));
     }
     std::memcpy(mask_.data() + i * cols, mask_.data() + src * cols, cols);
-    if (has_local_) std::memcpy(window_mask_.data() + i * cols, window_mask_.data() + src * cols, cols);
+    if (has_local_) std::memcpy(window_mask_.data() + i * wcols, window_mask_.data() + src * wcols, wcols);
     slots_[i] = slots_[src];
   }
   for (RopeTable* table : tables) {
@@ -391,7 +443,7 @@ void NativeModel::keep_rows(float* x, size_t x_rows, const int64_t* keep, size_t
     table->sin.resize(n * half);
   }
   mask_.resize(n * cols);
-  if (has_local_) window_mask_.resize(n * cols);
+  if (has_local_) window_mask_.resize(n * wcols);
   slots_.resize(n);
   segs_[0].live = n;
 }

@@ -18,7 +18,11 @@
 //   model.end_pass(cache)                      cache.length += T
 // A cache row's position is its row index (committed rows 0..L-1 hold
 // positions 0..L-1, as every caller commits them); the sliding window reads
-// the positions of cache rows from that.
+// the positions of cache rows from that. A cache whose "l" layers are
+// windowed (KVCache windows) holds only their last rows: begin_pass lets it
+// slide (KVCache::prepare) and "l" layers attend over the cache rows
+// [base, L + T) it still holds, with the window mask cropped to them (the
+// rows below base are outside every window of the pass: the same bits).
 // A pass may also carry several SEGMENTS (one per sequence, e.g. the trees of
 // several sessions of a verifier server): segment s has its own cache (L_s
 // committed rows), T_s rows, their positions and a [T_s, L_s + T_s] mask.
@@ -40,6 +44,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/kv_cache.h"
@@ -77,12 +82,13 @@ struct BlockSpec {
 
 // One segment of a pass (see the top of this file): T rows at `positions`,
 // mask: T rows of mask_cols = cache->length() + T bytes (non-zero: may attend).
+// begin_segments prepares the cache for the pass (a windowed cache may slide).
 struct PassSegment {
   const int64_t* positions;
   size_t T;
   const uint8_t* mask;
   size_t mask_cols;
-  const KVCache* cache;
+  KVCache* cache;
 };
 
 class NativeModel {
@@ -105,9 +111,12 @@ class NativeModel {
 
   // Starts a pass of T tokens: positions [T]; mask: T rows of cache.length + T
   // bytes (non-zero: may attend), copied. Throws std::invalid_argument for a
-  // cache of other dims, std::runtime_error if length + T > capacity.
+  // cache of other dims or with a window on a layer that is not "l" (or one
+  // shorter than sliding_window), std::runtime_error if length + T > capacity
+  // or if a mask row of an "l" layer sees a cache row the cache dropped.
+  // Then prepares the cache for the pass (KVCache::prepare).
   void begin_pass(const int64_t* positions, size_t T, const uint8_t* mask, size_t mask_cols,
-                  const KVCache& cache);
+                  KVCache& cache);
   // Starts a pass of several segments (at least one), each checked as
   // begin_pass checks its one cache; the caches must be distinct objects
   // (std::invalid_argument otherwise). Nothing is changed on an error.
@@ -155,6 +164,8 @@ class NativeModel {
     size_t live;     // rows still running (T until keep_rows)
     size_t row0;     // its first row in x (and in cos_, sin_, slots_)
     size_t mask0;    // its mask's first byte in mask_ (rows of L + T bytes)
+    size_t wbase;    // first cache row its "l" layers attend over (the cache's base)
+    size_t wmask0;   // its window mask's first byte in window_mask_ (rows of L + T - wbase bytes)
   };
 
   // Rotary angles of one kind of layer: per live row, [rope_dims / 2] cos and sin.
@@ -169,6 +180,10 @@ class NativeModel {
     return {&rope_global_};
   }
   void check_caches(KVCache* const* caches, size_t n_caches, const char* what) const;
+  // The first cache row every "l" layer of the model still holds in `cache`.
+  size_t window_base(const KVCache& cache) const;
+  // begin_segments' checks of a cache's windows (see begin_pass).
+  void check_window_rows(const std::string& where, const PassSegment& g, const KVCache& cache) const;
   void rope(const RopeTable& table, float* x, size_t rows, size_t n_heads, size_t stride) const;  // in place
 
   BlockSpec spec_;
@@ -183,7 +198,8 @@ class NativeModel {
   std::vector<Segment> segs_;
   // Per live row (rows dropped by keep_rows removed, order kept), all segments:
   std::vector<uint8_t> mask_;     // per segment [T_live_s, L_s + T_s]: columns are its cache rows
-  std::vector<uint8_t> window_mask_;  // the same, with the sliding window applied ("l" layers; has_local_ only)
+  std::vector<uint8_t> window_mask_;  // per segment [T_live_s, L_s + T_s - wbase_s]: the sliding window
+                                      // applied, columns cache rows wbase_s.. ("l" layers; has_local_ only)
   std::vector<size_t> slots_;     // [T_live]: the row's cache row, L_s + original index
 
   // Scratch activations, sized by begin_segments.

@@ -57,14 +57,15 @@ def version_alone(args: list[str], prog: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .commands import bench, compile_npu, convert, generate, models, probe, profile, serve, serve_verifier
+    from .commands import (bench, compile_npu, convert, generate, models, probe, profile, serve, serve_verifier,
+                           tokenize)
 
     parser = LeverArgumentParser(prog="lever", description="Speculative LLM inference with a flash-resident target.")
     parser.add_argument("--version", action="version", version=f"lever {__version__}",
                         help="print `lever VERSION` and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")   # subparsers are LeverArgumentParsers too
     sub.required = True
-    for command in (generate, convert, models, bench, profile, probe, serve, serve_verifier, compile_npu):
+    for command in (generate, convert, models, tokenize, bench, profile, probe, serve, serve_verifier, compile_npu):
         command.add_parser(sub)
     return parser
 

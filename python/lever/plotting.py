@@ -1,5 +1,5 @@
 """Charts need matplotlib, which is not a dependency of Lever but its `plot`
-extra (`pip install 'lever-llm[plot]'`): a phone or a server image runs
+extra (`pip install 'matplotlib>=3.5'`: lever.extras): a phone or a server image runs
 without it. Only code that draws a chart asks for it, through `pyplot`, so
 nothing else ever imports matplotlib.
 
@@ -13,8 +13,9 @@ as a note (`PlotUnavailableError`'s message).
 from __future__ import annotations
 
 from .errors import LeverError
+from .extras import install_hint
 
-PLOT_INSTALL = "pip install 'lever-llm[plot]'"
+PLOT_INSTALL = install_hint("plot")
 
 
 class PlotUnavailableError(LeverError):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .autoregressive import check_context, kv_tokens
+from .autoregressive import PREFILL_CHUNK, check_context, kv_tokens
 from .config import (DEFAULT_DRAM_BUDGET, BackendConfig, DecodeConfig, DraftConfig, ReaderConfig, RemoteConfig,
                      RunConfig, TargetConfig)
 from .draft.model_drafter import ModelDrafter
@@ -35,7 +35,7 @@ from .gguf.file import GGUFFile
 from .gguf.registry import resolve_model
 from .loaded import Completion, LoadedModel
 from .memory.rss import current_rss
-from .memory.run_plan import model_file, plan_run
+from .memory.run_plan import kv_pass_rows, model_file, plan_run
 from .mode_lever import lever_policy, save_calibration
 from .model.loading import load_model
 from .model.native_decoder import NativeDecoder
@@ -135,15 +135,17 @@ def load_in_memory(target: TargetConfig, cache_dir: str | None = None, progress:
 
 def load_streamed(target: TargetConfig, reader: ReaderConfig, dram_budget: int, *, kv_tokens: int,
                   cache_dir: str | None = None, tokenizer: Tokenizer | None = None,
-                  manifest: StoreManifest | None = None, backend: BackendConfig | None = None) -> LoadedModel:
+                  manifest: StoreManifest | None = None, backend: BackendConfig | None = None,
+                  kv_pass_rows: int = PREFILL_CHUNK) -> LoadedModel:
     """The target streamed from its flash store under `dram_budget` bytes, with
-    `kv_tokens` KV rows; tokenizer / manifest: already read (else read here);
-    backend: where its layers run (`apply_backend`; None: not applied here)."""
+    `kv_tokens` KV rows for passes of at most `kv_pass_rows` rows; tokenizer /
+    manifest: already read (else read here); backend: where its layers run
+    (`apply_backend`; None: not applied here)."""
     t0 = time.perf_counter()
     model = StreamedDecoder(target.store, dram_budget, target.dtype, backend=reader.backend,
                             prefetch_depth=reader.prefetch_depth, kv_tokens=kv_tokens,
                             queue_depth=reader.queue_depth, max_read_bytes_per_s=reader.read_limit,
-                            manifest=manifest)
+                            manifest=manifest, kv_pass_rows=kv_pass_rows)
     tokenizer = tokenizer or store_tokenizer(target.store, cache_dir)
     if backend is not None:
         apply_backend(backend, model, cache_dir)
@@ -377,7 +379,7 @@ def build(config: RunConfig, *, tree_rows: int, sampling: bool, kv: KvRule, drop
     page_cache = drop_page_cache() if drop_caches else None
     if target.streamed:
         loaded = load_streamed(target, config.reader, budget, kv_tokens=kv_rows, cache_dir=cache_dir,
-                               tokenizer=tokenizer, manifest=manifest)
+                               tokenizer=tokenizer, manifest=manifest, kv_pass_rows=kv_pass_rows(tree_rows))
     else:
         loaded = load_in_memory(target, cache_dir, progress=config.progress, parsed=headers.target)
     layers = apply_backend(config.backend, loaded.model, cache_dir)

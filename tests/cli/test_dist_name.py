@@ -9,6 +9,7 @@ the tests, whose fixtures must not teach the old name either."""
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -100,17 +101,46 @@ def test_extras_that_include_extras_name_this_distribution():
                     assert extra in extras, f"extra {name}: {req!r} includes an extra pyproject.toml lacks"
 
 
-def test_every_install_hint_names_an_existing_extra():
+def test_every_extra_named_exists():
     extras = set(pyproject()["project"]["optional-dependencies"])
     named = {}
     for f in user_facing_files():
         for m in HINT.finditer(f.read_text(encoding="utf-8", errors="replace")):
             for extra in m.group(1).split(","):
                 named.setdefault(extra, f.relative_to(ROOT).as_posix())
-    # the hints the commands print: each extra a missing optional module asks for
-    assert {"server", "torch", "npu", "plot", "qwen-coder-0-5b", "qwen-coder-1-5b"} <= set(named), named
     unknown = {extra: where for extra, where in named.items() if extra not in extras}
     assert not unknown, f"hints name extras pyproject.toml does not have: {unknown}"
+
+
+# `pip install ... lever-llm[...]`: fails wherever lever-llm is not on the package index (a checkout)
+PIP_LEVER_LLM = re.compile(r"\bpip3?\s+install\b[^\n`]*?(?<![\w-])lever-llm\[")
+
+
+def test_no_hint_asks_pip_for_lever_llm_extras():
+    """`lever-llm` is not on the package index, so a hint must name what
+    installs anywhere: the extra's packages (lever.extras), '.[EXTRA]' in a
+    checkout's docs, a model's part packages (the registry)."""
+    wrong = [f"{f.relative_to(ROOT)}: line {n}: {line.strip()}" for f in user_facing_files()
+             if f.name != "pyproject.toml"
+             for n, line in enumerate(f.read_text(encoding="utf-8", errors="replace").split("\n"), 1)
+             if PIP_LEVER_LLM.search(line)]
+    assert not wrong, "\n".join(wrong)
+    assert PIP_LEVER_LLM.search("pip install 'lever-llm[plot]'") and PIP_LEVER_LLM.search("pip install -U lever-llm[x]")
+    assert not PIP_LEVER_LLM.search("pip install 'matplotlib>=3.5' (lever-llm's plot extra)")
+
+
+def test_extra_hints_install_exactly_the_extras_packages():
+    from lever.extras import DIST as EXTRAS_DIST, EXTRA_PACKAGES, install_hint
+    assert EXTRAS_DIST == DIST
+    extras = pyproject()["project"]["optional-dependencies"]
+    assert {"server", "torch", "npu", "plot"} <= set(EXTRA_PACKAGES)
+    for extra, packages in EXTRA_PACKAGES.items():
+        assert list(packages) == extras[extra], f"lever.extras' {extra} differs from pyproject.toml"
+        hint = install_hint(extra)
+        command, _, label = hint.partition(" (")
+        assert shlex.split(command) == ["pip", "install", *packages]
+        assert label == f"{DIST}'s {extra} extra)"
+    assert install_hint("server") == "pip install 'aiohttp>=3.9' (lever-llm's server extra)"
 
 
 def test_wheel_globs_use_the_wheel_name():

@@ -44,7 +44,8 @@ def test_absent_binaries_are_reported(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "llama.cpp binaries not built: llama-speculative absent" in err and "--build" in err
     assert bench.binaries(tmp_path / "build") == {"llama-speculative": None, "llama-simple": None,
-                                                  "llama-bench": None}
+                                                  "llama-bench": None, "llama-completion": None,
+                                                  "llama-tokenize": None, "llama-quantize": None}
 
 
 ROWS = Path(__file__).resolve().parents[2] / "bench" / "rows_vs_llamacpp.py"

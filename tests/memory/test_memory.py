@@ -9,9 +9,10 @@ from lever.errors import CgroupUnavailableError, DramBudgetError, LeverError, Me
 from lever.memory import cgroup, rss
 from lever.memory.plan import (MIN_MARGIN_BYTES, MemoryPlan, default_margin, gguf_weight_bytes, kv_bytes,
                                store_minimum)
+from lever.memory.run_plan import plan_run
 from lever.model_config import ModelConfig
 from lever.store.manifest import Extent, StoreManifest, TensorEntry
-from lever.store.residency import plan_residency
+from lever.store.residency import kv_layer_rows, kv_layer_windows, kv_note, plan_residency
 from tiny_model import needs_cgroup
 from waiting import deadline
 
@@ -55,8 +56,9 @@ def test_read_status_parses_kb_fields(tmp_path):
 
 # -- plan --------------------------------------------------------------------
 
-def _manifest(n_layers=4, layer_bytes=8 * MiB, head_bytes=6 * MiB) -> StoreManifest:
-    cfg = ModelConfig("llama", 1000, 64, 128, n_layers, 4, 2, 16, 1e-5, 1e4, 512, True, False)
+def _manifest(n_layers=4, layer_bytes=8 * MiB, head_bytes=6 * MiB, cfg=None) -> StoreManifest:
+    cfg = cfg or ModelConfig("llama", 1000, 64, 128, n_layers, 4, 2, 16, 1e-5, 1e4, 512, True, False)
+    n_layers = cfg.n_layers
     t = (TensorEntry("mlp.up_proj.weight", 0, (128, 64), 0, 128 * 64 * 4),)
     ext, off = [], 0
     for name, n in [("layer.%d" % i, layer_bytes) for i in range(n_layers)] + [("head.0", head_bytes)]:
@@ -93,6 +95,58 @@ def test_kv_and_weight_bytes_helpers(tmp_path):
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     g = GGUFFile(path)
     assert 0 < gguf_weight_bytes(path) == sum(t.nbytes for t in g.tensors.values()) < path.stat().st_size
+
+
+def _gemma_like() -> ModelConfig:
+    """Gemma 3 270M's attention shapes: 18 layers, 5 of every 6 sliding-window
+    layers (window 512 tokens), one kv head of 256; context 32,768 tokens."""
+    return ModelConfig("gemma3", 1000, 64, 128, 18, 4, 1, 256, 1e-6, 1e6, 32768, True, False,
+                       sliding_window=512, layer_kinds="lllllg" * 3)
+
+
+GEMMA_ROW = 2 * 1 * 256 * 2      # bytes of one row of one layer: keys and values, one kv head of 256, bf16
+GEMMA_LAYOUT = "3 layers x 32,768 rows + 15 sliding-window layers (window 512) x 1,536 rows"
+
+
+def test_kv_bytes_count_sliding_window_layers_at_the_rows_they_hold():
+    """Gemma 3 270M at 32k tokens in bf16: 576 MiB of KV if every layer kept every
+    row; its 15 sliding-window layers hold K + W + 1 = 1,536 rows each (K = 511 +
+    512 kept below a pass), so 118.5 MiB."""
+    cfg = _gemma_like()
+    assert 32768 * 18 * GEMMA_ROW == 576 * MiB
+    assert kv_layer_windows(cfg) == ([512] * 5 + [0]) * 3
+    assert kv_layer_rows(cfg, 32768) == ([1536] * 5 + [32768]) * 3          # passes of 512 rows: prefill chunks
+    assert kv_bytes(cfg, 32768, 2) == (3 * 32768 + 15 * 1536) * GEMMA_ROW == int(118.5 * MiB)
+    # a pass of 600 rows (more than W + 1) grows them to K + W + 600 rows
+    assert kv_bytes(cfg, 32768, 2, pass_rows=600) == (3 * 32768 + 15 * (1023 + 512 + 600)) * GEMMA_ROW
+    assert kv_bytes(cfg, 1000, 2) == 18 * 1000 * GEMMA_ROW                  # a short context: every row
+    assert kv_note(cfg, 32768) == GEMMA_LAYOUT
+    assert kv_note(_manifest().config, 32768) == ""                         # no sliding-window layer
+    assert kv_bytes(_manifest().config, 256, 2) == 256 * 4 * 2 * 2 * 16 * 2
+
+
+def test_memory_limit_plan_counts_windowed_kv():
+    cfg = _gemma_like()
+    m = _manifest(cfg=cfg)
+    run = dict(target_store="unused", manifest=m, kv_tokens=32768, sampling=False, dtype="bfloat16",
+               prefetch_depth=2, baseline_bytes=100 * MB)
+    plan, budget = plan_run("2GB", tree_rows=64, **run)
+    assert plan.target_minimum["kv_cache"] == (3 * 32768 + 15 * 1536) * GEMMA_ROW
+    assert plan.summary()["kv_layout"] == f"target KV: {GEMMA_LAYOUT}"
+    res = plan.plan_store(m, dtype_bytes=2, kv_tokens=32768, prefetch_depth=2, kv_pass_rows=512)
+    assert res.fixed["kv_cache"] == plan.target_minimum["kv_cache"] and res.used_bytes <= budget
+    # the largest pass sizes the windowed layers: a tree of 700 rows
+    big, _ = plan_run("2GB", tree_rows=700, **run)
+    assert big.target_minimum["kv_cache"] == (3 * 32768 + 15 * (1023 + 512 + 700)) * GEMMA_ROW
+    # the limit's error says how the KV bytes were counted
+    with pytest.raises(MemoryLimitError) as e:
+        plan_run("150MB", tree_rows=64, **run)
+    assert "\n" not in str(e.value)
+    assert f"the KV caches reserve 124.3 MB for 32,768 tokens, target KV: {GEMMA_LAYOUT}: `--context N`" \
+        in str(e.value)
+    with pytest.raises(DramBudgetError) as e:
+        plan_residency(m, 1, dtype_bytes=2, kv_tokens=32768, prefetch_depth=2)
+    assert f"KV cache sized for 32,768 tokens ({GEMMA_LAYOUT}): `--context N`" in str(e.value)
 
 
 def test_plan_arithmetic():

@@ -34,7 +34,8 @@ import pytest
 
 from lever.errors import LeverError, ModelFormatError, UnsupportedModelError
 from lever.gguf.file import GGUFFile
-from lever.model import tokenizer as tokmod
+from lever.model import tokenizer_gguf
+from lever.model.pretokenizers import byte_alphabet
 from lever.model.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -286,7 +287,7 @@ def test_cache_reused(qwen05_path, tmp_path, monkeypatch):
     def fail(self):
         raise AssertionError("rebuilt although the cache holds this tokenizer")
 
-    monkeypatch.setattr(tokmod._GGUFTokenizerBuilder, "build", fail)
+    monkeypatch.setattr(tokenizer_gguf.GGUFTokenizerBuilder, "build", fail)
     second = Tokenizer.from_gguf(gguf, cache_dir=tmp_path)
     for text in TEXTS:                                                # the cached build is the same tokenizer
         assert second.encode(text) == first.encode(text)
@@ -299,8 +300,8 @@ def test_cache_reused(qwen05_path, tmp_path, monkeypatch):
 
 def test_cache_key_tracks_tokenizer_metadata(smollm2_path, tmp_path):
     md = dict(GGUFFile(smollm2_path).metadata)
-    key = tokmod._GGUFTokenizerBuilder(md).cache_key()
-    assert tokmod._GGUFTokenizerBuilder(dict(md, **{"general.name": "renamed"})).cache_key() == key
+    key = tokenizer_gguf.GGUFTokenizerBuilder(md).cache_key()
+    assert tokenizer_gguf.GGUFTokenizerBuilder(dict(md, **{"general.name": "renamed"})).cache_key() == key
     changed = [
         {"tokenizer.chat_template": md["tokenizer.chat_template"] + " "},
         {"tokenizer.ggml.eos_token_id": 0},
@@ -308,7 +309,7 @@ def test_cache_key_tracks_tokenizer_metadata(smollm2_path, tmp_path):
         {"tokenizer.ggml.merges": md["tokenizer.ggml.merges"][:-1]},
         {"tokenizer.ggml.tokens": md["tokenizer.ggml.tokens"][:-1] + ["zzzq"]},
     ]
-    keys = {tokmod._GGUFTokenizerBuilder(dict(md, **c)).cache_key() for c in changed}
+    keys = {tokenizer_gguf.GGUFTokenizerBuilder(dict(md, **c)).cache_key() for c in changed}
     assert key not in keys and len(keys) == len(changed)
     # A changed template makes a second cache entry whose tokenizer carries it.
     Tokenizer.from_gguf(FakeGGUF(md), cache_dir=tmp_path)
@@ -391,7 +392,7 @@ def test_incremental_decoder_specials_and_skip(qwen):
 
 
 def test_incremental_decoder_invalid_and_truncated_utf8(qwen):
-    byte_id = {v: qwen.token_to_id(c) for v, c in tokmod._byte_alphabet().items()}   # byte -> its token
+    byte_id = {v: qwen.token_to_id(c) for v, c in byte_alphabet().items()}   # byte -> its token
     assert len(byte_id) == 256 and None not in byte_id.values()
     # a lone lead byte followed by ASCII (invalid), then a 4-byte char cut off at the end
     ids = qwen.encode("ab") + [byte_id[0xE2]] + qwen.encode("cd") + [byte_id[0xF0], byte_id[0x9F], byte_id[0x98]]
@@ -433,14 +434,23 @@ def test_tiny_vocab_builds():
     assert t.chat_template is None and t.format_prompt("ab") == "ab"
 
 
+def test_add_eos_and_special_parsing_off():
+    t = Tokenizer.from_gguf(FakeGGUF(_tiny_metadata(**{"tokenizer.ggml.add_eos_token": True})))
+    assert t.add_eos is True and t.add_bos is False                    # byte-level default: no BOS
+    assert t.encode("ab") == [2, 3] and t.encode("ab<|end|>") == [2, 3]  # EOS once
+    assert t.encode("ab", add_eos=False) == [2]
+    assert t.encode("ab<|end|>", add_eos=False, parse_special=False) == [2]    # no '<', '|', ... tokens here
+    assert t.encode("ab<|end|>", add_eos=False) == [2, 3]              # parsing stays on for the next call
+
+
 def test_unsupported_pre_tokenizer():
     with pytest.raises(UnsupportedModelError, match="'chameleon-xyz'"):
         Tokenizer.from_gguf(FakeGGUF(_tiny_metadata(**{"tokenizer.ggml.pre": "chameleon-xyz"})))
 
 
 def test_unsupported_tokenizer_model():
-    with pytest.raises(UnsupportedModelError, match="'llama'"):
-        Tokenizer.from_gguf(FakeGGUF(_tiny_metadata(**{"tokenizer.ggml.model": "llama"})))
+    with pytest.raises(UnsupportedModelError, match="tokenizer type 'bert' is not supported"):
+        Tokenizer.from_gguf(FakeGGUF(_tiny_metadata(**{"tokenizer.ggml.model": "bert"})))
 
 
 def test_malformed_metadata():

@@ -21,6 +21,9 @@ from lever.runtime import store_tokenizer
 
 SMOL, Q05, Q15 = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 MODELS = (SMOL, Q05, Q15)
+# registered models Lever does not run yet: gemma3 (and its SentencePiece vocabulary) joins MODELS
+# with its support
+NOT_YET_RUNNABLE = {"gemma-3-270m"}
 FAMILY = {SMOL: "smollm", Q05: "qwen", Q15: "qwen"}
 
 
@@ -150,7 +153,7 @@ def pair_installed(installed, request, target, draft):
 
 def test_pairs_cover_the_registry():
     from lever.gguf.registry import KNOWN_MODELS
-    assert set(MODELS) == set(KNOWN_MODELS)
+    assert set(MODELS) == set(KNOWN_MODELS) - NOT_YET_RUNNABLE
     assert {p for p in PAIRS if FAMILY[p[0]] != FAMILY[p[1]]} == set(MISMATCHES)
 
 

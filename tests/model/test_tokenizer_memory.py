@@ -30,7 +30,7 @@ import pytest
 from lever.errors import ModelFormatError
 from lever.gguf import file as gguf_file
 from lever.gguf.file import GGUFFile, LazyArray
-from lever.model import tokenizer as tokmod
+from lever.model import tokenizer_gguf
 from lever.model.tokenizer import Tokenizer
 from waiting import deadline
 
@@ -167,7 +167,7 @@ def test_cache_hit_decodes_no_vocabulary(qwen05_path, tmp_path, monkeypatch):
     # A store's metadata file: hashed as bytes on a hit, never parsed.
     meta = write_metadata_json(qwen05_path, tmp_path / "tokenizer_metadata.json")
     built = Tokenizer.from_metadata_file(meta, cache_dir=tmp_path / "store")
-    monkeypatch.setattr(tokmod._MetadataFile, "metadata",
+    monkeypatch.setattr(tokenizer_gguf.MetadataFile, "metadata",
                         property(lambda self: pytest.fail("parsed the metadata on a cache hit")))
     again = Tokenizer.from_metadata_file(meta, cache_dir=tmp_path / "store")
     assert again.encode("Hello world") == built.encode("Hello world") == [9707, 1879]

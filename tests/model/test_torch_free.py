@@ -42,7 +42,8 @@ def test_require_torch_names_the_extra(monkeypatch):
     assert require_torch("x") is torch
     monkeypatch.setitem(sys.modules, "torch", None)          # `import torch` now raises ImportError
     with pytest.raises(LeverError, match=r"torch is needed for Hugging Face checkpoints: "
-                                         r"pip install 'lever-llm\[torch\]'"):
+                                         r"pip install torch==2\.13\.0 'safetensors>=0\.4' "
+                                         r"\(lever-llm's torch extra\)$"):
         require_torch("Hugging Face checkpoints")
 
 

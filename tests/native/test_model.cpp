@@ -8,8 +8,13 @@
 //  - model_keep_rows_*: a tree pass pruned between layers (early exit,
 //    NativeModel::keep_rows) gives every surviving row, and its keys / values
 //    in every layer, the same bits as the unpruned pass; bad keeps throw.
+//  - kv_window_*: windowed KV caches (sliding-window layers keep their last
+//    rows) give the bits of full caches over tree passes and compactions;
+//    their slides, capacities and refusals.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -711,4 +716,293 @@ TEST(model_segments_bad_input_throws) {
   model.end_segments(both, 2);
   CHECK_EQ(a.length(), 2u);
   CHECK_EQ(b.length(), 2u);
+}
+
+// ---------------------------------------------------------------------------
+// Windowed KV caches: "l" layers keep only their last rows (KVCache windows).
+// A long sequence of tree passes and compactions, crossing the window many
+// times, gives every row and every held cache row the bits of the same
+// sequence over full caches (segments of two sequences, and a pass pruned
+// mid-way, included); bad uses throw.
+
+namespace {
+
+const size_t kWindow = 5;
+
+// Two sliding-window layers and a global one, window kWindow.
+BlockSpec local_spec() {
+  BlockSpec spec = llama_spec();
+  spec.sliding_window = kWindow;
+  spec.layer_kinds = {LayerKind::kLocal, LayerKind::kLocal, LayerKind::kGlobal};
+  return spec;
+}
+
+// One sequence, run over a full cache and over a windowed one.
+struct WindowSeq {
+  KVCache full, win;
+  WindowSeq(ElemType type)
+      : full(3, kDims.n_kv_heads, kDims.head_dim, 512, type),
+        win(3, kDims.n_kv_heads, kDims.head_dim, 512, type, {kWindow, kWindow, 0}) {}
+};
+
+// kTreeParent after L committed rows: positions L + depth, mask [T, L + T]
+// (every committed row and the node's ancestors; the window hides the rest).
+void tree_inputs(size_t L, std::vector<int64_t>& pos, std::vector<uint8_t>& mask) {
+  const size_t n = kTreeParent.size();
+  std::vector<int> depth(n, 0);
+  for (size_t i = 1; i < n; ++i) depth[i] = depth[kTreeParent[i]] + 1;
+  pos.resize(n);
+  mask.assign(n * (L + n), 0);
+  for (size_t i = 0; i < n; ++i) {
+    pos[i] = static_cast<int64_t>(L) + depth[i];
+    for (size_t c = 0; c < L; ++c) mask[i * (L + n) + c] = 1;
+    for (int a = static_cast<int>(i); a >= 0; a = kTreeParent[a]) mask[i * (L + n) + L + a] = 1;
+  }
+}
+
+// Every layer over the open pass of `caches` (one per segment), pruning after
+// layer 0 to `prune` when it is not empty (one segment only).
+void run_window_layers(NativeModel& model, const std::vector<TinyLayer>& layers, std::vector<float>& x,
+                       std::vector<KVCache*> caches, const std::vector<int64_t>& prune) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerLayout layout(layers[i].entries);
+    model.layer_segments(x.data(), x.size() / kDims.hidden, layout, layers[i].buffer.data(),
+                         layers[i].buffer.size(), caches.data(), caches.size(), i);
+    if (i == 0 && !prune.empty()) {
+      model.keep_rows(x.data(), x.size() / kDims.hidden, prune.data(), prune.size());
+      x.resize(prune.size() * kDims.hidden);
+    }
+  }
+}
+
+// A prefill of `n` rows (positions 0..n-1, causal) into the full and the windowed cache.
+void window_prefill(NativeModel& model, const std::vector<TinyLayer>& layers, WindowSeq& s, size_t n,
+                    lever_test::Rng& rng) {
+  const std::vector<float> x0 = random_rows(rng, n);
+  std::vector<int64_t> pos(n);
+  for (size_t i = 0; i < n; ++i) pos[i] = static_cast<int64_t>(i);
+  const std::vector<uint8_t> mask = causal_mask(0, n);
+  for (KVCache* c : {&s.full, &s.win}) {
+    std::vector<float> x = x0;
+    model.begin_pass(pos.data(), n, mask.data(), n, *c);
+    run_window_layers(model, layers, x, {c}, {});
+    model.end_pass(*c);
+  }
+}
+
+// The held rows of every layer of `win` equal the same rows of `full`.
+void check_held_rows(const KVCache& full, const KVCache& win, const std::string& what) {
+  REQUIRE(full.length() == win.length());
+  const size_t len = full.length(), h = full.n_kv_heads(), d = full.head_dim();
+  std::vector<float> kf(h * len * d), vf(kf.size()), kw(kf.size()), vw(kf.size());
+  for (size_t layer = 0; layer < full.n_layers(); ++layer) {
+    const size_t b = win.base(layer), held = len - b;
+    full.read_rows(layer, kf.data(), vf.data());
+    win.read_rows(layer, kw.data(), vw.data());
+    for (size_t head = 0; head < h; ++head) {
+      const size_t fo = (head * len + b) * d, wo = head * held * d;
+      CHECK_MSG(lever_test::first_bit_difference(kw.data() + wo, kf.data() + fo, held * d) < 0 &&
+                    lever_test::first_bit_difference(vw.data() + wo, vf.data() + fo, held * d) < 0,
+                what << " layer " << layer << " head " << head << ": held rows differ (base " << b << ")");
+    }
+  }
+}
+
+void check_window_cache_bitwise(int matrix_type, ElemType cache_type) {
+  const size_t H = kDims.hidden, n = kTreeParent.size();
+  std::vector<TinyLayer> layers;
+  for (size_t i = 0; i < 3; ++i) layers.push_back(make_layer(matrix_type, 90 + i));
+  NativeModel model(local_spec());
+  lever_test::Rng rng(2024);
+  // Sequences 0 and 1 run as two segments of one pass; sequence 2 alone, pruned after layer 0.
+  std::vector<WindowSeq> seqs;
+  for (int s = 0; s < 3; ++s) seqs.emplace_back(cache_type);
+  const size_t prefill[3] = {7, 12, 3};
+  for (size_t s = 0; s < 3; ++s) window_prefill(model, layers, seqs[s], prefill[s], rng);
+  check_held_rows(seqs[1].full, seqs[1].win, "after the prefill");
+  // Accepted paths (tree nodes); sequence 2 keeps node 2's subtree pruned.
+  const std::vector<std::vector<int64_t>> paths = {{0}, {0, 1, 3, 5}, {0, 2, 4, 7}, {0, 1}, {0, 1, 6}};
+  const std::vector<std::vector<int64_t>> pruned_paths = {{0}, {0, 1, 3, 5}, {0, 1, 3}, {0, 1}, {0, 1, 6}};
+  const std::vector<int64_t> prune = {0, 1, 3, 5, 6};  // live nodes after layer 0
+  for (size_t it = 0; it < 90; ++it) {
+    std::vector<std::vector<int64_t>> pos(3);
+    std::vector<std::vector<uint8_t>> mask(3);
+    std::vector<std::vector<float>> x0(3), want(3);
+    for (size_t s = 0; s < 3; ++s) {
+      tree_inputs(seqs[s].full.length(), pos[s], mask[s]);
+      x0[s] = random_rows(rng, n);
+      // Full caches: each sequence alone.
+      want[s] = x0[s];
+      KVCache& c = seqs[s].full;
+      model.begin_pass(pos[s].data(), n, mask[s].data(), c.length() + n, c);
+      run_window_layers(model, layers, want[s], {&c}, s == 2 ? prune : std::vector<int64_t>());
+      model.end_pass(c);
+    }
+    // Windowed caches: sequences 0 and 1 as segments of one pass, sequence 2 alone.
+    std::vector<float> x = x0[0];
+    x.insert(x.end(), x0[1].begin(), x0[1].end());
+    KVCache& w0 = seqs[0].win;
+    KVCache& w1 = seqs[1].win;
+    model.begin_segments({{pos[0].data(), n, mask[0].data(), w0.length() + n, &w0},
+                          {pos[1].data(), n, mask[1].data(), w1.length() + n, &w1}});
+    run_window_layers(model, layers, x, {&w0, &w1}, {});
+    model.end_segments(std::vector<KVCache*>{&w0, &w1}.data(), 2);
+    std::vector<float> x2 = x0[2];
+    KVCache& w2 = seqs[2].win;
+    model.begin_pass(pos[2].data(), n, mask[2].data(), w2.length() + n, w2);
+    run_window_layers(model, layers, x2, {&w2}, prune);
+    model.end_pass(w2);
+    const float* got[3] = {x.data(), x.data() + n * H, x2.data()};
+    for (size_t s = 0; s < 3; ++s) {
+      long diff = lever_test::first_bit_difference(got[s], want[s].data(), want[s].size());
+      CHECK_MSG(diff < 0, "type " << type_name(matrix_type) << " iteration " << it << " sequence " << s
+                                  << ": output differs at element " << diff);
+    }
+    // Compact every cache to the committed rows and the accepted path (row
+    // indices of the pass's live rows: sequence 2's pruned nodes were never
+    // written past layer 0 and are never kept).
+    for (size_t s = 0; s < 3; ++s) {
+      const std::vector<int64_t>& path = (s == 2 ? pruned_paths : paths)[(it + s) % paths.size()];
+      const size_t L = seqs[s].full.length() - n;
+      std::vector<int64_t> keep(L);
+      for (size_t i = 0; i < L; ++i) keep[i] = static_cast<int64_t>(i);
+      for (int64_t node : path) keep.push_back(static_cast<int64_t>(L) + node);
+      seqs[s].full.compact(keep.data(), keep.size());
+      seqs[s].win.compact(keep.data(), keep.size());
+      check_held_rows(seqs[s].full, seqs[s].win, "iteration " + std::to_string(it));
+    }
+  }
+  for (size_t s = 0; s < 3; ++s) {
+    const KVCache& w = seqs[s].win;
+    NOTE("sequence " << s << ": " << w.length() << " rows, base " << w.base(0) << ", " << w.slides()
+                     << " slides, local capacity " << w.layer_capacity(0) << ", " << w.nbytes() << " of "
+                     << seqs[s].full.nbytes() << " bytes");
+    CHECK(w.length() > 30 * kWindow);                // the window was crossed many times
+    CHECK(w.slides() >= 5);
+    CHECK(w.base(0) > 0 && w.base(1) == w.base(0) && w.base(2) == 0);
+    CHECK(w.nbytes() < seqs[s].full.nbytes());
+  }
+}
+
+}  // namespace
+
+TEST(kv_window_passes_equal_full_cache_q8_0) {
+  for (Isa isa : kAllIsas) {
+    if (!isa_available(isa)) continue;
+    NOTE("isa " << isa_name(isa));
+    set_default_isa(isa);
+    check_window_cache_bitwise(kTypeQ8_0, ElemType::kF32);
+    check_window_cache_bitwise(kTypeQ8_0, ElemType::kBF16);
+  }
+  set_default_isa(Isa::kAuto);
+}
+
+TEST(kv_window_passes_equal_full_cache_f32) { check_window_cache_bitwise(kTypeF32, ElemType::kF32); }
+
+namespace {
+
+// Decodes n rows one at a time into `c` (row r's keys: r + 0.5 in every element,
+// its values -r), as passes do: prepare, write, advance.
+void decode_rows(KVCache& c, size_t n) {
+  const size_t cols = c.n_kv_heads() * c.head_dim();
+  for (size_t i = 0; i < n; ++i) {
+    const size_t r = c.length();
+    std::vector<float> k(cols, static_cast<float>(r) + 0.5f), v(cols, -static_cast<float>(r));
+    c.prepare(1, r);
+    for (size_t l = 0; l < c.n_layers(); ++l) c.write(l, k.data(), v.data(), 1, cols);
+    c.advance(1);
+  }
+}
+
+bool throws_runtime(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::runtime_error&) {
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST(kv_window_slides_and_refuses_dropped_rows) {
+  // K = W - 1 + max(W, 64) = 67 rows kept below a pass; K + W + 1 = 72 rows held.
+  const size_t W = 4, d = 4, h = 2, K = W - 1 + KVCache::kMinRollback, n = 300;
+  KVCache c(2, h, d, 512, ElemType::kF32, {0, W});
+  CHECK_EQ(c.layer_capacity(1), K + W + 1);
+  CHECK_EQ(c.nbytes(), 2 * h * (512 + K + W + 1) * d * 4);
+  decode_rows(c, n);
+  // A slide whenever the 72 rows are full, keeping the K rows below the pass:
+  // before the passes at L = 72, 77, ..., 297 (every W + 1 tokens), the last
+  // one to base 297 - K = 230.
+  CHECK_EQ(c.base(0), 0u);
+  CHECK_EQ(c.base(1), 230u);
+  CHECK_EQ(c.layer_capacity(1), K + W + 1);
+  CHECK_EQ(c.slides(), 46u);
+  std::vector<float> k(h * n * d), v(k.size());
+  c.read_rows(1, k.data(), v.data());
+  const size_t held = n - c.base(1);
+  for (size_t r = 0; r < held; ++r) {
+    CHECK_EQ(k[r * d], static_cast<float>(c.base(1) + r) + 0.5f);
+    CHECK_EQ(v[(held + r) * d], -static_cast<float>(c.base(1) + r));  // head 1
+  }
+  // keys_at: absolute rows; rows below base are gone.
+  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, 295)), 295.5f);
+  CHECK(throws_invalid([&] { c.keys_at(1, c.base(1) - 1); }));
+  // Back to n rows needs rows n - (W - 1).. : allowed down to base + W - 1.
+  const size_t b = c.base(1);
+  CHECK(throws_runtime([&] { c.truncate(b + W - 2); }));
+  std::vector<int64_t> keep(b + W - 2);
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int64_t>(i);
+  CHECK(throws_runtime([&] { c.compact(keep.data(), keep.size()); }));
+  CHECK_EQ(c.length(), n);  // unchanged
+  // A row below base cannot be written, one past the held rows neither.
+  std::vector<float> row(h * d, 1.0f);
+  const size_t below = b - 1, past = b + c.layer_capacity(1);
+  CHECK(throws_runtime([&] { c.write_rows(1, row.data(), row.data(), &below, 1, h * d); }));
+  CHECK(throws_runtime([&] { c.write_rows(1, row.data(), row.data(), &past, 1, h * d); }));
+  // A compaction that keeps enough rows: rows i >= base get rows keep[i].
+  keep.assign(n - 2, 0);
+  for (size_t i = 0; i < n - 4; ++i) keep[i] = static_cast<int64_t>(i);
+  keep[n - 4] = n - 3;
+  keep[n - 3] = n - 1;
+  c.compact(keep.data(), keep.size());
+  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, n - 4)), n - 3 + 0.5f);
+  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, n - 3)), n - 1 + 0.5f);
+  c.truncate(b + W - 1);
+  CHECK_EQ(c.length(), b + W - 1);
+  // Emptied, the cache starts again from row 0.
+  c.truncate(0);
+  CHECK_EQ(c.base(1), 0u);
+  decode_rows(c, 3);
+  CHECK_EQ(*static_cast<const float*>(c.keys_at(1, 0)), 0.5f);
+  // A pass of more rows than the local capacity holds grows it to K + W + T.
+  c.prepare(100, c.length());
+  CHECK_EQ(c.layer_capacity(1), K + W + 100);
+  CHECK(throws_invalid([] { KVCache(2, h, d, 8, ElemType::kF32, {W}); }));  // one window for two layers
+}
+
+TEST(model_window_cache_checks) {
+  NativeModel model(local_spec());
+  std::vector<int64_t> pos = {0, 1};
+  std::vector<uint8_t> mask = causal_mask(0, 2);
+  // A window on the global layer, or shorter than the model's.
+  KVCache on_global(3, kDims.n_kv_heads, kDims.head_dim, 64, ElemType::kF32, {kWindow, kWindow, kWindow});
+  CHECK(throws_invalid([&] { model.begin_pass(pos.data(), 2, mask.data(), 2, on_global); }));
+  KVCache short_window(3, kDims.n_kv_heads, kDims.head_dim, 64, ElemType::kF32, {kWindow - 1, kWindow, 0});
+  CHECK(throws_invalid([&] { model.begin_pass(pos.data(), 2, mask.data(), 2, short_window); }));
+  // A pass whose rows see cache rows the cache dropped (positions far below its length).
+  KVCache c(3, kDims.n_kv_heads, kDims.head_dim, 256, ElemType::kF32, {kWindow, kWindow, 0});
+  decode_rows(c, 200);
+  REQUIRE(c.base(0) > 0);
+  const size_t L = c.length();
+  std::vector<int64_t> low = {static_cast<int64_t>(c.base(0))};  // its window starts below base
+  std::vector<uint8_t> all(L + 1, 1);
+  CHECK(throws_runtime([&] { model.begin_pass(low.data(), 1, all.data(), L + 1, c); }));
+  CHECK_EQ(model.segments(), 0u);
+  // The same row masked off the dropped rows is fine.
+  std::fill(all.begin(), all.begin() + c.base(0), 0);
+  model.begin_pass(low.data(), 1, all.data(), L + 1, c);
+  CHECK_EQ(model.segments(), 1u);
+  model.end_pass(c);
 }

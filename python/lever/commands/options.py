@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import BACKENDS, DecodeConfig
+from ..extras import install_hint
 from ..modes import MODES
 from ..sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, MIN_TOP_P
 from ..shapes import LeverLimits, TreeShape
@@ -74,7 +75,7 @@ def add_target_store(p, instead_of: str = "--model", *, offered: bool = True) ->
 
 KERNELS_HELP = ("native: the native decoder, quantised matrices stay quantised and Lever's kernels multiply them "
                 "(default); torch: the torch reference, weights dequantised to --dtype, torch matmul (needs "
-                "lever-llm[torch]; in-memory targets only)")
+                f"torch: {install_hint('torch')}; in-memory targets only)")
 
 
 KERNELS_DEFAULT = "native"
@@ -164,7 +165,8 @@ def add_backend_options(p, *, backend: bool = True, npu_profile: bool = True, of
                        help="where the target's decoder layers run: native = Lever's CPU kernels (default); "
                             "cpu-static = ONNX Runtime's CPU EP on static-shape bucket graphs; qnn = the QNN HTP "
                             "(an NPU; simulated on an x86-64 host, where its timings are not NPU speed). Static "
-                            "backends pack each tree into a compiled (rows, context) bucket; needs lever-llm[npu]")
+                            "backends pack each tree into a compiled (rows, context) bucket; needs onnxruntime: "
+                            f"{install_hint('npu')}")
     g.add_argument("--buckets", type=arg_types.bucket_list("row buckets", MAX_TREE_NODES),
                    default=",".join(map(str, DEFAULT_ROWS)), metavar="LIST",
                    help=f"row buckets (tree tokens per pass) of a static backend, e.g. 1,8,16, each "

@@ -9,6 +9,7 @@ import json
 import sys
 
 from ..errors import LeverError
+from ..extras import install_hint
 from . import arg_types
 from .limits import MAX_TREE_NODES
 from ..memory.run_plan import memory_report
@@ -56,8 +57,7 @@ def add_parser(subparsers) -> None:
     add_cache_dir(p)
     p.add_argument("--json", action="store_true", help="print the profile as JSON instead of the table")
     p.add_argument("--plot", type=arg_types.output_file, default=None, metavar="PATH",
-                   help="also write a PNG of pass and draft times (needs matplotlib: pip install "
-                        "'lever-llm[plot]')")
+                   help=f"also write a PNG of pass and draft times (needs matplotlib: {install_hint('plot')})")
     add_no_progress(p)
     add_backend_options(p)
     add_context(p, offered=False)

@@ -12,6 +12,7 @@ import sys
 from ..config import DEFAULT_MODEL, DecodeConfig, RunConfig
 from ..engine import SpecConfig
 from ..errors import LeverError
+from ..extras import install_hint
 from ..runtime import MIN_KV_TOKENS, PROMPT_ALLOWANCE, build, kv_rule
 from . import arg_types
 from .options import (add_backend_options, add_cache_dir, add_compute_options, add_context, add_dram_budget,
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import aiohttp  # noqa: F401
     except ImportError:
-        raise LeverError("lever serve needs aiohttp: pip install 'lever-llm[server]'") from None
+        raise LeverError(f"lever serve needs aiohttp: {install_hint('server')}") from None
     from ..http.address import base_url, is_loopback
     from ..serve.site import serve_forever
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LeverError
+from ..extras import install_hint
 from ..http.address import base_url, is_loopback
 from . import arg_types
 from .limits import MAX_IDLE_TTL_S, MAX_NEW_TOKENS, MAX_SESSIONS, MAX_TREE_NODES
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import aiohttp  # noqa: F401
     except ImportError:
-        raise LeverError("lever serve-verifier needs aiohttp: pip install 'lever-llm[server]'") from None
+        raise LeverError(f"lever serve-verifier needs aiohttp: {install_hint('server')}") from None
     from ..remote.protocol import Limits
     from ..remote.server import serve_forever
 

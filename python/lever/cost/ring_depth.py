@@ -114,7 +114,8 @@ def choose_depth(profile: DeviceProfile, plan: ResidencyPlan, manifest, dtype_by
         work = TypicalIteration.of(profile)
         for depth in range(MIN_DEPTH, MAX_PREFETCH_DEPTH + 1):
             try:
-                candidate = plan_residency(manifest, plan.budget, dtype_bytes, kv_tokens, depth)
+                candidate = plan_residency(manifest, plan.budget, dtype_bytes, kv_tokens, depth,
+                                           kv_pass_rows=plan.kv_pass_rows)
             except DramBudgetError:     # the budget cannot hold this many buffers
                 break
             predicted[depth] = predict_iteration_s(profile, work, candidate, bandwidth)

@@ -301,7 +301,7 @@ class GGUFFile:
             self._spans[key] = (start, r.f.tell())
         infos = [self._tensor_info(r) for _ in range(n_tensors)]
         self.alignment = check_alignment(self.path, self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        pos = r.f.tell()
+        pos = self.header_end = r.f.tell()
         self.data_offset = (pos + self.alignment - 1) // self.alignment * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, qtype, rel in infos:
@@ -345,8 +345,10 @@ class GGUFFile:
 
     @property
     def expected_size(self) -> int:
-        """Bytes the header implies: the end of the last tensor's data."""
-        return max((t.offset + t.nbytes for t in self.tensors.values()), default=self.data_offset)
+        """Bytes the header implies: the end of the last tensor's data; for a file
+        without tensors (llama.cpp's vocab-only GGUFs) the end of the header, as
+        such files may stop before the padding to the alignment."""
+        return max((t.offset + t.nbytes for t in self.tensors.values()), default=self.header_end)
 
     @property
     def architecture(self) -> str:

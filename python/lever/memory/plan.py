@@ -12,7 +12,8 @@
 
 The store budget must cover the store's minimum (`store_minimum`): the fixed
 costs `plan_residency` charges (globals, the target's KV cache, embedding
-rows: `residency.fixed_costs`) and the ring of read buffers -- so the target
+rows: `residency.fixed_costs`; a KV cache counts its sliding-window layers
+at the rows they hold, `residency.kv_layer_rows`, not at full length) and the ring of read buffers -- so the target
 KV cache is counted there and must not be passed again as scratch.  With
 `prefetch_depth="auto"` the minimum holds a ring of the least auto depth
 (residency.MIN_AUTO_DEPTH slots); the extra slots auto buys come out of the
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from ..errors import MemoryLimitError
 from ..gguf.file import GGUFFile
+from ..autoregressive import PREFILL_CHUNK
 from ..store.residency import (AUTO_DEPTH, MIN_AUTO_DEPTH, fixed_costs, kv_bytes,  # noqa: F401 (kv_bytes: re-exported)
                                parse_prefetch_depth, plan_residency, slot_size)
 from ..values import fmt_bytes, parse_size
@@ -39,14 +41,14 @@ _MARGIN_RULE = f"max({MIN_MARGIN_BYTES >> 20} MiB, {MARGIN_FRACTION:.0%} of the 
 
 
 def store_minimum(manifest, dtype_bytes: int = 2, kv_tokens: int = 2048, prefetch_depth: int | str = AUTO_DEPTH,
-                  embed_cache_rows: int = 4096) -> dict[str, int]:
+                  embed_cache_rows: int = 4096, kv_pass_rows: int = PREFILL_CHUNK) -> dict[str, int]:
     """The least DRAM (bytes, by part) `plan_residency` accepts for `manifest`
     with the same arguments: its fixed costs (`residency.fixed_costs`: globals,
     kv_cache, embedding_rows) plus a ring of `prefetch_depth` buffers (MIN_AUTO_DEPTH
     for "auto") of the largest extent (`residency.slot_size`) -- or, when pinning
     everything costs less, every extent ("weights")."""
     depth = parse_prefetch_depth(prefetch_depth)
-    parts = dict(fixed_costs(manifest, dtype_bytes, kv_tokens, embed_cache_rows))
+    parts = dict(fixed_costs(manifest, dtype_bytes, kv_tokens, embed_cache_rows, kv_pass_rows))
     extents = manifest.layers + manifest.head_parts
     ring = (MIN_AUTO_DEPTH if depth == AUTO_DEPTH else depth) * slot_size(extents)
     everything = sum(e.length for e in extents)
@@ -68,6 +70,14 @@ def gguf_weight_bytes(gguf, head_type: str = "stored") -> int:
     return sum(t.nbytes for t in g.tensors.values()) - head.nbytes + head_bytes_as_loaded(head, head_type)
 
 
+def kv_layout_text(target: str, draft: str = "") -> str:
+    """How the plan counts the KV caches' layers, from `residency.kv_note` of
+    the target and the draft ('' where every layer keeps every row): e.g.
+    'target KV: 3 layers x 32,768 rows + 15 sliding-window layers (window 512) x 1,536 rows'."""
+    parts = [f"{who} KV: {note}" for who, note in (("target", target), ("draft", draft)) if note]
+    return "; ".join(parts)
+
+
 def default_margin(limit_bytes: int) -> int:
     """The safety margin for a limit, bytes: max(MIN_MARGIN_BYTES, MARGIN_FRACTION * limit)."""
     return max(MIN_MARGIN_BYTES, int(MARGIN_FRACTION * limit_bytes))
@@ -86,17 +96,20 @@ class MemoryPlan:
     margin_bytes: int
     margin_rule: str = "given"
     kv_tokens: int | None = None       # tokens the KV caches are sized for (named in the error), if known
+    kv_layout: str = ""                # how the KV bytes count sliding-window layers ('' : every layer full)
 
     @classmethod
     def build(cls, limit, draft_weight_bytes: int = 0, draft_kv_bytes: int = 0,
               target_minimum: dict[str, int] | None = None, target_scratch_bytes: int = 0,
               margin_bytes: int | None = None, baseline_bytes: int | None = None,
-              kv_tokens: int | None = None) -> "MemoryPlan":
+              kv_tokens: int | None = None, kv_layout: str = "") -> "MemoryPlan":
         """A checked plan. `limit`: bytes or a size text ('1.5GiB', '900MB').
         `target_minimum`: the store's minimum by part (`store_minimum`), or for
         a fully resident target its weights + KV. `baseline_bytes`: default this
         process's RSS now. `kv_tokens`: the tokens the KV caches hold, for the
-        error's hint. Raises MemoryLimitError when the parts exceed the limit."""
+        error's hint; `kv_layout`: how the KV bytes count sliding-window layers
+        (`kv_layout_text`), for the hint and the summary. Raises
+        MemoryLimitError when the parts exceed the limit."""
         limit_bytes = parse_size(limit)
         plan = cls(limit_bytes,
                    rss.current_rss() if baseline_bytes is None else int(baseline_bytes),
@@ -104,7 +117,7 @@ class MemoryPlan:
                    int(target_scratch_bytes),
                    default_margin(limit_bytes) if margin_bytes is None else int(margin_bytes),
                    _MARGIN_RULE if margin_bytes is None else "given",
-                   None if kv_tokens is None else int(kv_tokens))
+                   None if kv_tokens is None else int(kv_tokens), kv_layout)
         plan.check()
         return plan
 
@@ -156,7 +169,8 @@ class MemoryPlan:
         tokens = f" for {self.kv_tokens:,} tokens" if self.kv_tokens else ""
         split = (f" (target {fmt_bytes(target_kv)}, draft {fmt_bytes(self.draft_kv_bytes)})"
                  if target_kv and self.draft_kv_bytes else "")
-        return (f"; the KV caches reserve {fmt_bytes(kv)}{tokens}{split}: `--context N` (lever generate, "
+        layout = f", {self.kv_layout}" if self.kv_layout else ""
+        return (f"; the KV caches reserve {fmt_bytes(kv)}{tokens}{split}{layout}: `--context N` (lever generate, "
                 f"lever serve) sizes them for N tokens of prompt and output")
 
     def plan_store(self, manifest, **residency):
@@ -169,4 +183,5 @@ class MemoryPlan:
         return {"memory_limit_bytes": self.limit_bytes, "memory_minimum_bytes": self.minimum_bytes,
                 "store_budget_bytes": self.store_budget_bytes,
                 "headroom_bytes": self.limit_bytes - self.minimum_bytes,
-                "planned_bytes": self.parts(), "margin_rule": self.margin_rule}
+                "planned_bytes": self.parts(), "margin_rule": self.margin_rule,
+                **({"kv_layout": self.kv_layout} if self.kv_layout else {})}

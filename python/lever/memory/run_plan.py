@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..autoregressive import PREFILL_CHUNK
 from ..errors import MemoryLimitError
 from ..gguf.config import config_from_gguf
 from ..gguf.file import GGUFFile
@@ -25,7 +26,8 @@ from ..gguf.registry import resolve_model
 from ..store.manifest import StoreManifest
 from ..values import cache_root, dtype_bytes
 from . import rss
-from .plan import MemoryPlan, gguf_weight_bytes, kv_bytes, store_minimum
+from ..store.residency import kv_note
+from .plan import MemoryPlan, gguf_weight_bytes, kv_bytes, kv_layout_text, store_minimum
 
 FLOAT_BYTES = 4
 
@@ -38,6 +40,13 @@ def pass_scratch_bytes(cfg, rows: int, logits_rows: int) -> int:
     qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
     per_row = 4 * cfg.hidden_size + qkv + cfg.n_heads * cfg.head_dim + 3 * cfg.intermediate_size
     return rows * per_row * FLOAT_BYTES + 3 * logits_rows * cfg.vocab_size * FLOAT_BYTES
+
+
+def kv_pass_rows(tree_rows: int) -> int:
+    """Rows of the largest pass over a KV cache of a run whose largest tree pass
+    has `tree_rows` rows: that or a prefill chunk (PREFILL_CHUNK), whichever is
+    larger (it sizes the sliding-window layers: `residency.kv_layer_rows`)."""
+    return max(PREFILL_CHUNK, int(tree_rows))
 
 
 def _gguf_sizes(path, head_type: str = "stored"):
@@ -58,31 +67,35 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
     draft model, e.g. n-grams),
     loaded with its head as `draft_head` ("stored" or "q4_0").
     kv_tokens: KV rows per sequence (prompt + new tokens + tree); tree_rows:
-    rows of the largest target pass; sampling: logits rows are kept (greedy
-    keeps one argmax per row).  prefetch_depth: the store's ring, an integer
+    rows of the largest target pass (with the prefill's chunks, `kv_pass_rows`,
+    it sizes the KV caches' sliding-window layers); sampling: logits rows are
+    kept (greedy keeps one argmax per row).  prefetch_depth: the store's ring, an integer
     or "auto" (the minimum then holds the least auto ring; the slots auto adds
     come out of the store budget).  baseline_bytes: default this process's RSS
     on entry, before any header is parsed.  manifest: target_store's, when
     already read (lever.runtime reads it once per run)."""
     baseline = rss.current_rss() if baseline_bytes is None else int(baseline_bytes)
     dbytes = dtype_bytes(dtype)
+    pass_rows = kv_pass_rows(tree_rows)
     draft_weights = draft_kv = draft_scratch = 0
+    draft_note = ""
     if draft_path is not None:
         dcfg, draft_weights = _gguf_sizes(draft_path, draft_head)
-        draft_kv = kv_bytes(dcfg, kv_tokens, dbytes)
+        draft_kv = kv_bytes(dcfg, kv_tokens, dbytes, pass_rows)
+        draft_note = kv_note(dcfg, kv_tokens, pass_rows)
         # greedy drafting ranks rows with the native top-k head; sampling keeps logits rows
         draft_scratch = pass_scratch_bytes(dcfg, tree_rows, tree_rows if sampling else 0)
     if target_store is not None:
         manifest = manifest if manifest is not None else StoreManifest.load(target_store)
         cfg = manifest.config
-        minimum = store_minimum(manifest, dbytes, kv_tokens, prefetch_depth)
+        minimum = store_minimum(manifest, dbytes, kv_tokens, prefetch_depth, kv_pass_rows=pass_rows)
     else:
         cfg, weights = _gguf_sizes(target_path)
-        minimum = {"weights": weights, "kv_cache": kv_bytes(cfg, kv_tokens, dbytes)}
+        minimum = {"weights": weights, "kv_cache": kv_bytes(cfg, kv_tokens, dbytes, pass_rows)}
     scratch = pass_scratch_bytes(cfg, tree_rows, tree_rows if sampling else 0) + draft_scratch
     plan = MemoryPlan.build(limit, draft_weight_bytes=draft_weights, draft_kv_bytes=draft_kv,
                             target_minimum=minimum, target_scratch_bytes=scratch, baseline_bytes=baseline,
-                            kv_tokens=kv_tokens)
+                            kv_tokens=kv_tokens, kv_layout=kv_layout_text(kv_note(cfg, kv_tokens, pass_rows), draft_note))
     return plan, (plan.store_budget_bytes if target_store is not None else None)
 
 

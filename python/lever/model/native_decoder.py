@@ -45,6 +45,7 @@ import numpy as np
 from .. import _native
 from ..errors import LeverError
 from ..model_config import ModelConfig
+from ..store.residency import kv_layer_windows
 from ..values import dtype_name
 from ..topk_head import check_topk, topk_of_logits, topk_result, topk_state
 
@@ -75,8 +76,12 @@ class NativeLayers:
         self.config, self.native, self.dtype = config, native, dtype
 
     def new_cache(self, capacity: int) -> "_native.KVCache":
+        """An empty cache with room for `capacity` tokens; its sliding-window layers
+        keep only their last rows (`residency.kv_layer_windows`, csrc/model/kv_cache.h)."""
         cfg = self.config
-        return _native.KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max(1, int(capacity)), self.dtype)
+        windows = kv_layer_windows(cfg) if cfg.local_layers() else []
+        return _native.KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, max(1, int(capacity)), self.dtype,
+                               layer_windows=windows)
 
     def begin(self, tokens, positions, mask, cache) -> None:
         self.native.begin_pass(positions, mask, cache)

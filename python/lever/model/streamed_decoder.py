@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import _native
+from ..autoregressive import PREFILL_CHUNK
 from ..errors import ChecksumError, FlashReadError, StoreError
 from ..quant import base_type, is_repacked
 from ..store.flash_reader import DEFAULT_QUEUE_DEPTH, FlashReader, aligned_empty, crc32c
@@ -320,12 +321,15 @@ class StreamedDecoder(NativeDecoder):
     multiplied as stored (a type without a kernel needs a bf16 store).
     stage_times: as `NativeDecoder.stage_times` (waiting on flash excluded).
     manifest: the store's, when the caller has already read it (else read here).
+    kv_pass_rows: rows of the largest pass, which with kv_tokens sizes the KV
+    cache the budget reserves (its sliding-window layers: lever.store.residency.kv_bytes).
     """
 
     def __init__(self, store_dir: str | os.PathLike, dram_budget: int, dtype="bfloat16",
                  backend: str = "auto", prefetch_depth: int | str = "auto", kv_tokens: int = 2048,
                  direct: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH,
-                 max_read_bytes_per_s: float = 0.0, manifest: StoreManifest | None = None):
+                 max_read_bytes_per_s: float = 0.0, manifest: StoreManifest | None = None,
+                 kv_pass_rows: int = PREFILL_CHUNK):
         if max_read_bytes_per_s < 0:
             raise ValueError(f"max_read_bytes_per_s must be >= 0, got {max_read_bytes_per_s}")
         dtype = dtype_name(dtype)
@@ -334,7 +338,8 @@ class StreamedDecoder(NativeDecoder):
         self.manifest = manifest if manifest is not None else StoreManifest.load(self.store_dir)
         self.kv_tokens = kv_tokens
         self._reader_options = {"backend": backend, "direct": direct, "queue_depth": queue_depth}
-        plan = plan_residency(self.manifest, dram_budget, dtype_bytes(dtype), kv_tokens, prefetch_depth)
+        plan = plan_residency(self.manifest, dram_budget, dtype_bytes(dtype), kv_tokens, prefetch_depth,
+                              kv_pass_rows=kv_pass_rows)
         stats = StreamStats()
         weights = self._open(plan, stats)
         super().__init__(self.manifest.config, weights, dtype, stats)
@@ -367,7 +372,7 @@ class StreamedDecoder(NativeDecoder):
         old reader and pinned extents are released before the new ones are read,
         so memory never holds both.  KV caches made by `new_cache` stay valid."""
         plan = plan_residency(self.manifest, self.plan.budget, dtype_bytes(self.dtype), self.kv_tokens,
-                              prefetch_depth)
+                              prefetch_depth, kv_pass_rows=self.plan.kv_pass_rows)
         self.close()
         self.weights = self.reader = None            # the old pinned extents are freed before the new load
         try:

@@ -191,6 +191,8 @@ class StaticLayers:
         self.used: set[tuple[int, int]] = set()       # (rows, context) buckets run
 
     def new_cache(self, capacity: int) -> StaticKVCache:
+        """A full cache: every layer keeps every row, sliding-window layers too
+        (the native cache keeps only their last rows)."""
         cfg = self.cfg
         return StaticKVCache(cfg.n_layers, cfg.n_kv_heads * cfg.head_dim, capacity, self.dtype,
                              min_rows=self.planner.max_context + self.planner.max_rows)

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 
 from ..errors import LeverError
+from ..extras import install_hint
 
 BACKENDS = ("cpu-static", "qnn")
 GRAPH_DTYPE = {"cpu-static": "float32", "qnn": "float16"}
@@ -35,7 +36,7 @@ SOCS = {"57": ("SM8650 (Snapdragon 8 Gen 3)", "75"),
         "43": ("SM8550 (Snapdragon 8 Gen 2)", "73"),
         "69": ("SM8750 (Snapdragon 8 Elite)", "79")}
 DEFAULT_SOC = "57"
-INSTALL_HINT = "pip install 'lever-llm[npu]'"
+INSTALL_HINT = install_hint("npu")
 
 
 class NpuError(LeverError):

@@ -221,6 +221,8 @@ class Decoder(nn.Module):
         return w.dtype if w is not None else self.compute_dtype
 
     def new_cache(self, capacity: int = 256) -> KVCache:
+        """A full cache: every layer keeps every row, sliding-window layers too
+        (the native cache keeps only their last rows; the numbers are the same)."""
         cfg = self.config
         return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, self.dtype, capacity)
 

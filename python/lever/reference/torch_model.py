@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LeverError
+from ..extras import install_hint
 from ..gguf.file import GGUFFile
 from ..model_config import ModelConfig
 from ..values import dtype_name
@@ -38,7 +39,7 @@ def require_torch(what: str):
     try:
         import torch
     except ImportError:
-        raise LeverError(f"torch is needed for {what}: pip install 'lever-llm[torch]'") from None
+        raise LeverError(f"torch is needed for {what}: {install_hint('torch')}") from None
     return torch
 
 

@@ -6,8 +6,7 @@ dequantised to `dtype`).
     python -m lever.remote.hf_export MODEL OUT_DIR [--dtype float32]
 
 MODEL is a registered name (e.g. qwen2.5-coder-0.5b) or a .gguf path.  Needs
-torch and transformers (`pip install 'lever-llm[test]'`): a tool, never imported
-on the run path.
+torch and transformers (EXPORT_INSTALL): a tool, never imported on the run path.
 """
 
 from __future__ import annotations
@@ -18,9 +17,12 @@ from pathlib import Path
 
 from ..atomic_write import write_atomic
 from ..errors import LeverError
+from ..extras import DIST, EXTRA_PACKAGES, pip_command
 from ..gguf.registry import resolve_model
 
 DTYPES = ("float32", "bfloat16", "float16")
+EXPORT_INSTALL = (pip_command(EXTRA_PACKAGES["torch"] + ("transformers>=4.56", "accelerate>=1.0"))
+                  + f" (all in {DIST}'s test extra)")
 MARKER = "lever_export.json"          # what was exported, from which file
 
 
@@ -34,7 +36,7 @@ def export_hf(model: str, out_dir: str | Path, dtype: str = "float32") -> Path:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
         raise LeverError(f"exporting to a Hugging Face directory needs torch and transformers "
-                         f"(pip install 'lever-llm[test]'): {e}") from None
+                         f"({EXPORT_INSTALL}): {e}") from None
     gguf = Path(model) if model.endswith(".gguf") else Path(resolve_model(model))
     if not gguf.is_file():
         raise LeverError(f"{gguf}: no such GGUF file")
