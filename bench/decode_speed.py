@@ -8,7 +8,7 @@ side and interleaved in one process:
   lever-torch  lever.load(kernels="torch"): the torch reference, every weight
                dequantised to --dtype
   transformers transformers' generate() on exactly the torch reference's
-               weights (lever.model.hf_export.hf_from_ours), --dtype
+               weights (lever.reference.hf_export.hf_from_ours), --dtype
 
 Decode rate = (N - 1) / (time for N new tokens - time for 1 new token), which
 removes prefill from all sides the same way.  Also prints the weight bytes
@@ -34,7 +34,7 @@ import torch
 import lever
 from lever import _native
 from lever.autoregressive import generate_tokens
-from lever.model.hf_export import hf_from_ours
+from lever.reference.hf_export import hf_from_ours
 from machine import dram_read_bytes_per_s, weights_per_token
 
 PROMPT = "Write a Python function that checks whether a number is prime."

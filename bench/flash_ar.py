@@ -11,7 +11,7 @@ In one run, on one store file:
 3. the same decoding with the whole target resident in DRAM, for reference:
    the same native decoder over the same store with every extent pinned (a
    budget above the whole store), and with --torch-reference also the torch
-   reference (lever.model.store_loader.load_store_model: the store
+   reference (lever.reference.store_loader.load_store_model: the store
    dequantised to bf16, torch matmuls; the only use of torch here).
 Prints one line per figure, writes JSON and a PNG.
 
@@ -132,8 +132,8 @@ def main() -> int:
           f"streamed / resident = {t_stream / t_res:.2f}; same tokens: {stream_tokens == res_tokens}", flush=True)
     torch_ref = None
     if args.torch_reference:
-        from lever.model.torch_reference import TorchModel
-        from lever.model.store_loader import load_store_model
+        from lever.reference.torch_model import TorchModel
+        from lever.reference.store_loader import load_store_model
         reference = TorchModel(load_store_model(store, "bfloat16", backend=args.reader))
         generate_tokens(reference, ids, 2)
         t_ref, ref_tokens = per_token_decode(reference, ids, args.new_tokens)

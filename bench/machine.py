@@ -51,7 +51,7 @@ def random_blocks(qtype, rows: int, cols: int, seed: int | None = None) -> np.nd
 def embedding_bytes(model) -> int:
     """Bytes of the embedding table held by `model`: a NativeDecoder over resident
     weights (lever.model.native_loader.ResidentWeights), or the torch reference
-    (lever.model.torch_reference.TorchModel)."""
+    (lever.reference.torch_model.TorchModel)."""
     if hasattr(model, "weights"):
         from lever.model.native_loader import held_bytes
         return held_bytes(model.weights.embedding)

@@ -91,8 +91,8 @@ def gguf_logits(path) -> torch.Tensor:
     """Float32 logits of TOKENS through the in-memory GGUF decoder."""
     import torch
 
-    from lever.model.decoder import causal_mask
-    from lever.model.gguf_loader import load_gguf_model
+    from lever.reference.decoder import causal_mask
+    from lever.reference.gguf_loader import load_gguf_model
     model, _ = load_gguf_model(path, torch.float32)
     n = len(TOKENS)
     return model(torch.tensor(TOKENS), torch.arange(n), causal_mask(n, 0), model.new_cache())

@@ -6,7 +6,7 @@ the raw bytes of such a tensor into a numpy array of fp32 values, or of bf16
 values as their uint16 bit patterns, bit-identical to
 `gguf.quants.dequantize` (bf16: those fp32 values rounded to nearest-even).
 The work runs multithreaded without the GIL.  (The torch reference wraps it:
-`lever.model.linear.dequantize_tensor`.)
+`lever.reference.linear.dequantize_tensor`.)
 
 `quantize_q4_0` goes the other way for one type, in numpy, bit-identical to
 ggml's reference quantiser: it re-quantises a draft model's output head at

@@ -46,7 +46,7 @@ FUNCTION_LEVEL_ALLOWED = [
      "native_loader imports the gguf package: only when a GGUF's head is sized"),
     ("lever.model.loading", "lever.model.native_loader",
      "native_loader imports the gguf package: only when a GGUF is loaded natively"),
-    ("lever.model.torch_reference", "lever.model.*",
+    ("lever.reference.torch_model", "lever.reference.*",
      "gguf_loader, checkpoint_loader and linear import torch (the torch extra)"),
     ("lever.runtime", "lever.remote.client", "the HTTP clients (http.client, ssl) load only when a run verifies on a "
      "server: `import lever.api` stays light"),

@@ -14,7 +14,7 @@ from lever.cost.profile import load_or_measure, measure_profile, profile_key, pr
 from lever.errors import ProfileError, ReadLimitError
 from lever.masks import causal_mask
 from lever.model.streamed_decoder import StreamedDecoder
-from lever.model.torch_reference import load_gguf_torch
+from lever.reference.torch_model import load_gguf_torch
 from lever.store.flash_reader import DEFAULT_QUEUE_DEPTH
 from lever.values import parse_rate
 from test_store import minimum_budget

@@ -1,4 +1,4 @@
-"""Greedy drafting asks the draft model for head="topk" (lever.model.topk_head)
+"""Greedy drafting asks the draft model for head="topk" (lever.topk_head)
 and never for [rows, vocab] logits, with the trees and chains the logits path
 (log_softmax + top_k_ids) gives."""
 

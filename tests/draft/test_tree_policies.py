@@ -26,7 +26,7 @@ from lever.draft.policies import ChainPolicy, NoDraft, StaticTreePolicy
 from lever.errors import LeverError
 from lever.masks import causal_mask
 from lever.model.native_loader import load_gguf_native
-from lever.model.topk_head import top_k_ids
+from lever.topk_head import top_k_ids
 from lever.sampling import SamplingParams, log_softmax, processed_probs, sample_at
 from tiny_model import write_tiny_gguf
 

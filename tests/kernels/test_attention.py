@@ -1,4 +1,4 @@
-"""Native masked attention (`lever.model.attention.attend`) against torch's SDPA,
+"""Native masked attention (`lever.reference.attention.attend`) against torch's SDPA,
 and the property the decoder relies on: a row's output does not depend on the
 other rows of the pass, nor on masked keys."""
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lever import _native
-from lever.model.attention import attend
+from lever.reference.attention import attend
 
 
 def sdpa(q, k, v, mask):

@@ -194,9 +194,9 @@ def test_wrapper_shape_dtype_values(qtype, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_torch_wrapper_has_the_same_bits(dtype):
-    """The torch reference's wrapper (lever.model.linear.dequantize_tensor) and a
+    """The torch reference's wrapper (lever.reference.linear.dequantize_tensor) and a
     torch dtype given to quant.dequantize (torch is imported here) give the same bits."""
-    from lever.model.linear import dequantize_tensor
+    from lever.reference.linear import dequantize_tensor
     raw = random_blocks(T.Q4_K, 4, seed=3).reshape(2, -1)
     name = "float32" if dtype == torch.float32 else "bfloat16"
     bits = quant.dequantize(raw, T.Q4_K, (2, 512), dtype=name)

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from lever import _native
-from lever.model.decoder import DecoderLayer, RMSNorm, rope_cos_sin
-from lever.model.kv_cache import KVCache as TorchKVCache
-from lever.model.linear import QuantTensor
-from lever.model.topk_head import EMPTY_ID, topk_result, topk_state
+from lever.reference.decoder import DecoderLayer, RMSNorm, inv_freq, rope_cos_sin
+from lever.reference.kv_cache import KVCache as TorchKVCache
+from lever.reference.linear import QuantTensor
+from lever.topk_head import EMPTY_ID, topk_result, topk_state
 from lever.model_config import ModelConfig
 from lever.sampling import log_softmax
 
@@ -99,6 +99,7 @@ class Layer:
                           rope_theta=THETA, max_context=256, tie_word_embeddings=True,
                           attention_bias="self_attn.q_proj.bias" in self.tensors)
         layer = DecoderLayer(cfg)
+        layer.config = cfg
         modules = dict(layer.named_modules())
         with torch.no_grad():
             for name, (raw, qtype, shape, values) in self.tensors.items():
@@ -166,9 +167,9 @@ def test_layer_matches_torch(arch, matrix_type, vector_type, tol):
         x = inputs(step, len(positions))
         mask = make_mask(cache.length)
         got = run_pass(model, [layer], x, positions, mask, cache)
-        cos, sin = rope_cos_sin(torch.from_numpy(positions), HEAD_DIM, THETA, torch.float32)
+        rope = rope_cos_sin(torch.from_numpy(positions), inv_freq(ref.config), torch.float32)
         with torch.no_grad():
-            want = ref(torch.from_numpy(x), cos, sin, torch.from_numpy(mask), ref_cache, 0)
+            want = ref(torch.from_numpy(x), rope, torch.from_numpy(mask), ref_cache, 0)
         ref_cache.advance(len(positions))
         scale = float(want.abs().max())
         np.testing.assert_allclose(got, want.numpy(), rtol=tol, atol=tol * scale)

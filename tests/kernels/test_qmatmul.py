@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from lever import _native, quant
-from lever.model.linear import QuantTensor, linear, quant_matmul
+from lever.reference.linear import QuantTensor, linear, quant_matmul
 from waiting import deadline
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}

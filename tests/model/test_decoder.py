@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lever.model.checkpoint_loader import load_checkpoint_model
-from lever.model.decoder import causal_mask
+from lever.reference.checkpoint_loader import load_checkpoint_model
+from lever.reference.decoder import causal_mask
 
 import transformers
 
@@ -17,6 +17,9 @@ def hf_model(arch: str, tie: bool, seed: int = 0):
     if arch == "llama":
         cfg = transformers.LlamaConfig(rope_theta=10000.0, **common)
         model = transformers.LlamaForCausalLM(cfg)
+    elif arch == "qwen3":                   # q / k norms, a head size other than hidden / heads
+        cfg = transformers.Qwen3Config(rope_theta=1e6, head_dim=16, **common)
+        model = transformers.Qwen3ForCausalLM(cfg)
     else:
         cfg = transformers.Qwen2Config(rope_theta=1e6, **common)
         model = transformers.Qwen2ForCausalLM(cfg)
@@ -27,7 +30,8 @@ def hf_model(arch: str, tie: bool, seed: int = 0):
     return model.eval()
 
 
-@pytest.fixture(scope="module", params=[("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True)],
+@pytest.fixture(scope="module", params=[("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True),
+                                        ("qwen3", True)],
                 ids=lambda p: f"{p[0]}-{'tied' if p[1] else 'untied'}")
 def pair(request, tmp_path_factory):
     arch, tie = request.param
@@ -137,3 +141,26 @@ def test_compact_rejects_bad_indices(pair):
         cache.compact(torch.tensor([2, 1]))
     with pytest.raises(ValueError, match="strictly increasing"):
         cache.compact(torch.tensor([0, 5]))
+
+
+@pytest.mark.parametrize("model_type", ["smollm3", "gemma3_text", "phi3", "mistral"])
+def test_checkpoints_of_undescribed_blocks_are_refused_in_one_line(model_type):
+    """A checkpoint whose block config_from_hf does not describe (smollm3's NoPE
+    layers, Gemma 3's sandwich norms, ...) is refused, never run as Llama's."""
+    from lever.errors import UnsupportedModelError
+    from lever.reference.checkpoint_loader import config_from_hf
+    hf = dict(model_type=model_type, vocab_size=211, hidden_size=64, intermediate_size=112,
+              num_hidden_layers=2, num_attention_heads=8)
+    with pytest.raises(UnsupportedModelError) as e:
+        config_from_hf(hf, "config.json")
+    assert len(str(e.value).splitlines()) == 1 and repr(model_type) in str(e.value)
+
+
+def test_export_refuses_a_block_transformers_classes_here_do_not_describe():
+    from lever.errors import UnsupportedModelError
+    from lever.reference.hf_export import hf_from_ours
+    from block_model import block_config, random_tensors, reference_model
+    cfg = block_config(sandwich_norms=True)
+    model = reference_model(cfg, random_tensors(cfg)).decoder
+    with pytest.raises(UnsupportedModelError, match="sandwich_norms is not exported"):
+        hf_from_ours(model)

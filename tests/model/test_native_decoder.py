@@ -11,10 +11,10 @@ import torch
 
 from lever.errors import UnsupportedModelError
 from lever.gguf.file import GGUFFile
-from lever.model.gguf_loader import load_gguf_model
+from lever.reference.gguf_loader import load_gguf_model
 from lever.model.native_loader import load_gguf_native
 from lever.model.streamed_decoder import EMBED_CACHE_ROWS, StreamedDecoder
-from lever.model.torch_reference import load_gguf_torch
+from lever.reference.torch_model import load_gguf_torch
 from lever.sampling import log_softmax
 from lever.store.convert import convert
 from lever.store.manifest import StoreManifest

@@ -5,12 +5,12 @@ import pytest
 import torch
 import transformers
 
-from lever.model.hf_export import hf_from_ours
+from lever.reference.hf_export import hf_from_ours
 from lever.autoregressive import generate_tokens
 from lever.masks import causal_mask
-from lever.model.gguf_loader import load_gguf_model
+from lever.reference.gguf_loader import load_gguf_model
 from lever.model.tokenizer import Tokenizer
-from lever.model.torch_reference import TorchModel
+from lever.reference.torch_model import TorchModel
 
 pytestmark = pytest.mark.real
 

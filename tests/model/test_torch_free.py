@@ -16,7 +16,7 @@ from lever.draft.model_drafter import top_k_ids
 from lever.errors import LeverError
 from lever.masks import causal_mask
 from lever.model.loading import load_model
-from lever.model.torch_reference import TorchModel, load_gguf_torch, require_torch
+from lever.reference.torch_model import TorchModel, load_gguf_torch, require_torch
 from lever.values import dtype_name
 from lever.verify.rules import draw
 from tiny_model import TOKENS, write_tiny_gguf
@@ -25,7 +25,7 @@ from waiting import deadline
 RUN_PATH = ["lever.cli", "lever.api", "lever.engine", "lever.autoregressive", "lever.mode_lever",
             "lever.sampling", "lever.verify.target_pass", "lever.draft.model_drafter", "lever.draft.ngram",
             "lever.cost.profile", "lever.cost.measure", "lever.quant", "lever.model.loading",
-            "lever.model.torch_reference", "lever.commands.generate", "lever.commands.bench",
+            "lever.reference.torch_model", "lever.commands.generate", "lever.commands.bench",
             "lever.commands.profile", "lever.commands.serve_verifier", "lever.remote.client",
             "lever.remote.server", "lever.edge", "lever.remote.session", "lever.store.convert",
             "lever.commands.serve", "lever.serve.app", "lever.remote.batcher", "lever.remote.vllm_verifier"]

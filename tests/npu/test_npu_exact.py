@@ -38,7 +38,7 @@ from lever.model.native_loader import load_gguf_native
 from lever.npu.backend import use_static_backend
 from lever.npu.buckets import BucketSet
 from lever.npu.graph import input_shapes
-from lever.npu.layers import StaticKVCache, rope_tables
+from lever.npu.layers import StaticKVCache, inv_freq, rope_tables
 from lever.sampling import SamplingParams
 from lever.tree import TokenTree
 from test_speculative import (N_SAMPLES, P_THRESHOLD, SAMPLE_PARAMS, SAMPLE_PROMPT, SAMPLE_TOKENS,
@@ -169,7 +169,7 @@ def garbage_run(layers, cfg, layer_weights, n_real: int, past: int, garbage_seed
                         rows, context, ids, pos, add)
     if break_mask:
         add[:n_real, context + n_real:] = 0.0          # real rows may attend padding rows
-    cos, sin = rope_tables(pos, cfg.head_dim, cfg.rope_theta)
+    cos, sin = rope_tables(pos, inv_freq(cfg))
     dt = layers.dtype
     feeds = {"x": xb.astype(dt), "cos": cos.astype(dt), "sin": sin.astype(dt), "mask": add.astype(dt),
              "past_k": past_k.astype(dt), "past_v": past_v.astype(dt), **layer_weights}

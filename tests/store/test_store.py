@@ -10,9 +10,9 @@ import torch
 
 from lever.cli import main
 from lever.errors import ChecksumError, DramBudgetError, StoreError
-from lever.model.gguf_loader import load_gguf_model
+from lever.reference.gguf_loader import load_gguf_model
 from lever.model.native_loader import load_gguf_native
-from lever.model.store_loader import load_store_model
+from lever.reference.store_loader import load_store_model
 from lever.model.streamed_decoder import StreamedDecoder
 from lever.store import convert as convert_mod
 from lever.store.convert import convert

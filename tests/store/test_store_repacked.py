@@ -24,9 +24,9 @@ import torch
 from lever.cli import main
 from lever.errors import ChecksumError, StoreError
 from lever.memory.plan import store_minimum
-from lever.model.decoder import causal_mask
+from lever.reference.decoder import causal_mask
 from lever.model.native_loader import load_gguf_native
-from lever.model.store_loader import load_store_model
+from lever.reference.store_loader import load_store_model
 from lever.model.streamed_decoder import StreamedDecoder
 from lever.npu.layers import layer_weights
 from lever.probe.features import head_rows

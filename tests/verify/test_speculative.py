@@ -42,7 +42,7 @@ from lever.autoregressive import generate_tokens
 from lever.masks import causal_mask
 from lever.model.native_decoder import NativeDecoder
 from lever.model.native_loader import load_gguf_native
-from lever.model.torch_reference import load_checkpoint_torch
+from lever.reference.torch_model import load_checkpoint_torch
 from lever.sampling import SamplingParams, processed_probs, sample_at
 from lever.verify.rules import draw
 from tiny_model import native_pair, write_tiny_gguf

@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autoregressive import prefill
-from ..model.topk_head import top_k_ids
+from ..topk_head import top_k_ids
 from ..sampling import SamplingParams, log_softmax, processed_probs, sample_at
 from ..tree import TokenTree
 from .base import Expansion
@@ -182,7 +182,7 @@ class ModelDrafter:
         Greedy asks the model for head="topk" (no [len(nodes), vocab] logits
         are made): the same ids in the same order as `top_k_ids` of the
         logits, log-probs equal to `log_softmax`'s within float32 rounding
-        (lever.model.topk_head).  Sampling needs each full row for the draw.
+        (lever.topk_head).  Sampling needs each full row for the draw.
         Nodes drafted ahead (preloaded rows) are ranked from their kept
         logits, without a forward."""
         hits = self._preloaded_hits(tree, nodes)

@@ -16,7 +16,7 @@ cache and commits them.
 
 kernels "native": a GGUF file on the native decoder (lever.model.native_loader;
 no torch).  kernels "torch": the torch reference with every weight
-dequantised to `dtype` and torch matmul (lever.model.torch_reference; needs
+dequantised to `dtype` and torch matmul (lever.reference.torch_model; needs
 the torch extra).  A Hugging Face checkpoint directory always loads on the
 torch reference.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import LeverError, ModelFormatError
 from ..values import dtype_name
-from .torch_reference import load_checkpoint_torch, load_gguf_torch
+from ..reference.torch_model import load_checkpoint_torch, load_gguf_torch
 
 KERNELS = ("native", "torch")
 

@@ -47,7 +47,7 @@ from ..errors import LeverError
 from ..model_config import ModelConfig
 from ..store.residency import kv_layer_windows
 from ..values import dtype_name
-from .topk_head import check_topk, topk_of_logits, topk_result, topk_state
+from ..topk_head import check_topk, topk_of_logits, topk_result, topk_state
 
 HEADS = ("logits", "argmax", "topk")
 KV_DTYPES = ("float32", "bfloat16")
@@ -249,7 +249,7 @@ class NativeDecoder:
         whose output is wanted (default all T).  head="logits": float32
         [R, vocab]; head="argmax": int64 [R], the first index of each row's
         maximum; head="topk" (with topk=K): (ids int64 [R, K], logprobs
-        float32 [R, K]), each row's K best tokens (lever.model.topk_head).
+        float32 [R, K]), each row's K best tokens (lever.topk_head).
         "argmax" and "topk" never make the [R, vocab] logits.
 
         layer_hook: None, or `hook(i, x) -> keep` called after decoder layer i

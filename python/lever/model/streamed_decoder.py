@@ -27,7 +27,7 @@ first extent, so it reads everything afresh -- a store repaired between
 the two passes is read as repaired.
 
 This module does not import torch; the torch resident reference of a store
-is `lever.model.store_loader.load_store_model`.
+is `lever.reference.store_loader.load_store_model`.
 """
 
 from __future__ import annotations

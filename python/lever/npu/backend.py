@@ -15,8 +15,9 @@ from __future__ import annotations
 from .. import _native
 from .buckets import BucketSet
 from .context import BucketGraphs
+from .graph import unsupported
 from .layers import StaticLayers
-from .runtime import QnnTarget, check_backend
+from .runtime import NpuError, QnnTarget, check_backend
 
 
 def use_static_backend(decoder, backend: str, buckets: BucketSet, target: QnnTarget | None = None,
@@ -27,8 +28,12 @@ def use_static_backend(decoder, backend: str, buckets: BucketSet, target: QnnTar
     threads (default: the native core's).  root: the context cache's parent
     directory (default ``$LEVER_CACHE_DIR/npu``).  keep_weights: keep every
     layer's dequantised weights after its first pass (DRAM no memory plan
-    counts: tests and small models only)."""
+    counts: tests and small models only).  NpuError (one line) naming a block
+    feature of the model the bucket graphs cannot compute."""
     check_backend(backend)
+    problem = unsupported(decoder.config)
+    if problem:
+        raise NpuError(f"--backend {backend}: {problem} is not supported")
     graphs = BucketGraphs(decoder.config, backend, threads or _native.get_num_threads(), target, root)
     layers = StaticLayers(decoder.config, graphs, buckets.planner, keep_weights=keep_weights)
     decoder.run_layers_on(layers, max_context=buckets.planner.max_context)

@@ -33,15 +33,19 @@ from ..model_config import ModelConfig
 from .graph import layer_graph
 from .runtime import GRAPH_DTYPE, NpuError, QnnTarget, check_backend, create_session, versions
 
-GRAPH_VERSION = 1          # bump when layer_graph's inputs or outputs change (its arithmetic: graph_digest)
+GRAPH_VERSION = 2          # bump when layer_graph's inputs or outputs change (its arithmetic: graph_digest)
 META = "meta.json"
 
 
 def layer_signature(cfg: ModelConfig) -> dict:
-    """What a layer graph depends on in a model: its architecture and dimensions."""
+    """What a layer graph depends on in a model: its architecture, dimensions and
+    the block features the graph computes (RoPE's frequencies and the layer
+    kinds are inputs: the rotary tables and masks)."""
     return {"arch": cfg.arch, "hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
             "heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-            "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta, "bias": cfg.attention_bias}
+            "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta, "bias": cfg.attention_bias,
+            "qk_norm": cfg.qk_norm, "sandwich_norms": cfg.sandwich_norms, "activation": cfg.activation,
+            "rotary_dims": cfg.rotary_dims, "query_scale": cfg.query_scale}
 
 
 @functools.lru_cache(maxsize=16)

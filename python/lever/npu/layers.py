@@ -9,7 +9,11 @@ lever.npu.graph.  For each pass over T rows with L rows cached:
    past is L + its first row, since earlier chunks are in the cache by the
    time it runs -- chooses each chunk's (rows, context) bucket and packs
    its positions and additive mask; the rotary tables come from the
-   padded positions.
+   padded positions.  Each kind of layer the model has gets its own inputs
+   (one graph serves them all, lever.npu.graph): global layers the global
+   RoPE tables and the pass's mask, sliding-window layers the local tables
+   and the mask narrowed to the window (`window_mask`), NoPE layers cos = 1,
+   sin = 0 (RoPE then leaves q and k exactly as they are) and the pass's mask.
 2. `run(i, ...)`: layer i's weights are dequantised from the store's blocks
    into the graph's dtype as each extent arrives (and dropped after the
    layer: kept, they would cost 2-4x the quantised bytes of DRAM that no
@@ -17,7 +21,8 @@ lever.npu.graph.  For each pass over T rows with L rows cached:
    bucket's graph: real rows go in, padding rows are zeros, the cache's
    first `context` rows are the past.  Unpacking keeps the real rows'
    outputs and writes their keys/values at their cache rows; padding rows'
-   keys/values are discarded.
+   keys/values are discarded.  A real row's output that is not finite (a
+   float16 graph's range exceeded) is refused in one line, never passed on.
 3. `end`: the T rows are committed.
 
 A tree larger than the largest bucket is *split* this way (exactly: it is
@@ -93,14 +98,50 @@ class StaticKVCache:
         self.length = int(keep.size)
 
 
-def rope_tables(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """Rotate-half rotary tables (cos, sin) float32 [N, head_dim] for `positions`
-    (both halves of a row hold the same angles; float32 arithmetic as the native core)."""
-    half = head_dim // 2
-    inv_freq = (1.0 / np.power(np.float32(theta), np.arange(half, dtype=np.float32) * 2 / head_dim)).astype(np.float32)
-    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]
+def inv_freq(cfg: ModelConfig, local: bool = False) -> np.ndarray:
+    """float32 [rotary_dims / 2]: the RoPE frequency of each rotated pair (radians
+    per position) of a global (or, `local`, a sliding-window) layer, computed in
+    float32 as the native core does (ModelConfig.inv_freq says what it is)."""
+    d = cfg.rotary_dims
+    theta = np.float32((cfg.rope_theta_local or cfg.rope_theta) if local else cfg.rope_theta)
+    f = np.float32(1) / np.power(theta, np.arange(d // 2, dtype=np.float32) * np.float32(2) / np.float32(d))
+    if cfg.rope_freq_factors:
+        f = f / np.asarray(cfg.rope_freq_factors, dtype=np.float32)
+    if not local and cfg.rope_linear != 1.0:
+        f = f / np.float32(cfg.rope_linear)
+    return f.astype(np.float32)
+
+
+def rope_tables(positions: np.ndarray, freqs: np.ndarray, attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Rotate-half rotary tables (cos, sin) float32 [N, 2 * len(freqs)] for `positions`
+    (both halves of a row hold the same angles, position * freq in float32 as the
+    native core), multiplied by `attn_factor`."""
+    angles = positions.astype(np.float32)[:, None] * freqs[None, :]
     cos, sin = np.cos(angles), np.sin(angles)
+    if attn_factor != 1.0:
+        cos, sin = cos * np.float32(attn_factor), sin * np.float32(attn_factor)
     return np.concatenate([cos, cos], axis=1), np.concatenate([sin, sin], axis=1)
+
+
+def window_mask(mask: np.ndarray, positions: np.ndarray, cached: int, window: int) -> np.ndarray:
+    """`mask` (bool [T, cached + T]) with every key `window` or more positions
+    behind its row hidden: a row at position p sees a key at position k only if
+    p - k < window (cache row c < cached holds position c; new row j, positions[j])."""
+    keys = np.concatenate([np.arange(cached, dtype=np.int64), positions.astype(np.int64)])
+    return mask & ((positions.astype(np.int64)[:, None] - keys[None, :]) < window)
+
+
+def kind_tables(cfg: ModelConfig, positions: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Layer kind -> its (cos, sin) float32 [N, rotary_dims] at `positions`, for the
+    kinds `cfg` has: "g" global RoPE, "l" local RoPE, "n" cos = 1, sin = 0."""
+    out = {}
+    for kind in set(cfg.layer_kinds or "g"):
+        if kind == "n":
+            n = (positions.shape[0], cfg.rotary_dims)
+            out[kind] = (np.ones(n, np.float32), np.zeros(n, np.float32))
+        else:
+            out[kind] = rope_tables(positions, inv_freq(cfg, local=kind == "l"), cfg.rope_attn_factor)
+    return out
 
 
 def layer_weights(cfg: ModelConfig, layout, buffer: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
@@ -160,6 +201,7 @@ class StaticLayers:
         """Plan and pack the pass's chunks (tokens, positions int64 [T]; mask bool [T, L+T])."""
         if not isinstance(cache, StaticKVCache):
             raise LeverError("a static backend needs the cache its decoder made (new_cache)")
+        cfg = self.cfg
         t, past = tokens.shape[0], cache.length
         cache.reserve(max(past + t, self.planner.max_context + self.planner.max_rows))
         self._chunks = []
@@ -167,13 +209,19 @@ class StaticLayers:
             chunks = self.planner.chunks(t, past)
         except ValueError as e:
             raise NpuError(f"a pass of {t} rows over {past} cached ones does not fit the context buckets: {e}") from None
+        masks = {"full": mask}                           # the pass's mask, and for local layers the window's
+        if "l" in cfg.layer_kinds:
+            masks["window"] = window_mask(np.asarray(mask, dtype=bool), positions, past, cfg.sliding_window)
         for start, end, rows, context in chunks:
             ids = np.empty(rows, dtype=np.int64)
             pos = np.empty(rows, dtype=np.int64)
-            add = np.empty((rows, context + rows), dtype=np.float32)
-            self.planner.pack(tokens, positions, mask, past, start, end, rows, context, ids, pos, add)
-            cos, sin = rope_tables(pos, self.cfg.head_dim, self.cfg.rope_theta)
-            feeds = {"cos": cos.astype(self.dtype), "sin": sin.astype(self.dtype), "mask": add.astype(self.dtype)}
+            adds = {}
+            for name, m in masks.items():
+                adds[name] = np.empty((rows, context + rows), dtype=np.float32)
+                self.planner.pack(tokens, positions, m, past, start, end, rows, context, ids, pos, adds[name])
+            feeds = {kind: {"cos": cos.astype(self.dtype), "sin": sin.astype(self.dtype),
+                            "mask": adds["window" if kind == "l" else "full"].astype(self.dtype)}
+                     for kind, (cos, sin) in kind_tables(cfg, pos).items()}     # layer kind -> its inputs
             self._chunks.append((start, end, rows, context, past + start, feeds))
             self.used.add((rows, context))
         self._rows = t
@@ -183,13 +231,18 @@ class StaticLayers:
     def run(self, i: int, x: np.ndarray, layout, buffer: np.ndarray, cache: StaticKVCache) -> np.ndarray:
         """Layer i over the pass's rows: x float32 [T, hidden] in, the new x out."""
         weights = self._layer_weights(i, layout, buffer)
+        kind = self.cfg.kind(i)
         out = np.empty_like(x)
         for start, end, rows, context, first, feeds in self._chunks:
             n = end - start
             xb = np.zeros((rows, x.shape[1]), dtype=self.dtype)
             xb[:n] = x[start:end]
             y, k_new, v_new = self.graphs.session(rows, context).run(
-                None, {"x": xb, **feeds, "past_k": cache.k[i, :context], "past_v": cache.v[i, :context], **weights})
+                None, {"x": xb, **feeds[kind], "past_k": cache.k[i, :context], "past_v": cache.v[i, :context],
+                       **weights})
+            if not np.all(np.isfinite(y[:n])):
+                raise NpuError(f"--backend {self.backend}: layer {i} gave a value outside the {self.dtype} range "
+                               f"(not finite): this model's activations do not fit the graph's dtype")
             out[start:end] = y[:n]
             cache.k[i, first:first + n] = k_new[:n]      # padding rows' keys/values are dropped
             cache.v[i, first:first + n] = v_new[:n]

@@ -1,5 +1,5 @@
 """The torch resident reference of a flash store (tests, benchmarks): the
-whole store read into an in-memory `lever.model.decoder.Decoder`.
+whole store read into an in-memory `lever.reference.decoder.Decoder`.
 
 Kept apart from `streamed_decoder.py` so that the streamed (native) path never imports torch.
 Matrices of a repacked store (lever.store.manifest) are restored to the GGUF

@@ -1,6 +1,6 @@
 """The torch reference decoder behind the numpy model protocol.
 
-`lever.model.decoder.Decoder` is the plain-torch reference implementation
+`lever.reference.decoder.Decoder` is the plain-torch reference implementation
 (tests, Hugging Face checkpoints, `--kernels torch`).  `TorchModel` wraps it
 to the protocol every run-path caller speaks (see lever.model.loading):
 
@@ -10,8 +10,8 @@ to the protocol every run-path caller speaks (see lever.model.loading):
 
 converting numpy <-> torch at the edge.  head="argmax" is the first index
 of each logits row's maximum (int64 [R]); head="topk" is (ids int64 [R, K],
-logprobs float32 [R, K]) as lever.model.topk_head defines it; the reference
-makes the logits anyway.  Its KV cache (lever.model.kv_cache.KVCache) already has the
+logprobs float32 [R, K]) as lever.topk_head defines it; the reference
+makes the logits anyway.  Its KV cache (lever.reference.kv_cache.KVCache) already has the
 protocol's length / capacity / nbytes / truncate / compact / reserve.
 
 torch is an optional extra: this module imports it only inside its
@@ -29,7 +29,7 @@ from ..extras import install_hint
 from ..gguf.file import GGUFFile
 from ..model_config import ModelConfig
 from ..values import dtype_name
-from .topk_head import check_topk, topk_of_logits
+from ..topk_head import check_topk, topk_of_logits
 
 HEADS = ("logits", "argmax", "topk")
 
@@ -104,7 +104,7 @@ class TorchModel:
 
 
 def load_gguf_torch(path, dtype="bfloat16", quantized: bool = True) -> tuple[TorchModel, GGUFFile]:
-    """lever.model.gguf_loader.load_gguf_model (a torch Decoder computing in
+    """lever.reference.gguf_loader.load_gguf_model (a torch Decoder computing in
     `dtype`; quantized: matrices with a native kernel stay quantised, False
     dequantises every weight -- the torch matmul path) wrapped to the numpy
     protocol; also returns the parsed file."""

@@ -19,13 +19,15 @@ from .. import _native
 from .linear import numpy_view
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d), masked) v for q [heads, T, d], k/v [kv_heads, L, d]
-    (kv_heads divides heads) and a bool mask [T, L]; returns [T, heads * d] in q's dtype."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+           scale: float | None = None) -> torch.Tensor:
+    """softmax(scale * q k^T, masked) v for q [heads, T, d], k/v [kv_heads, L, d]
+    (kv_heads divides heads) and a bool mask [T, L]; scale: what the queries
+    are multiplied by (default 1 / sqrt(d)).  Returns [T, heads * d] in q's dtype."""
     heads, t, d = q.shape
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(t, heads * d, dtype=q.dtype)
     _native.attention(numpy_view(q), numpy_view(k), numpy_view(v), mask.contiguous().numpy(),
-                      1.0 / math.sqrt(d), numpy_view(out))
+                      1.0 / math.sqrt(d) if scale is None else float(scale), numpy_view(out))
     return out

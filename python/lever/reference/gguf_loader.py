@@ -7,7 +7,7 @@ types without a kernel, and all weights with `quantized=False`) are
 dequantised one at a time by the native core straight into the compute dtype.  llama.cpp stores the
 q/k projections of *llama* models with rows permuted for its interleaved RoPE;
 `gguf_config.qk_row_order` undoes that so the rotate-half RoPE of `decoder.py`
-applies.  The torch reference: imported only through lever.model.torch_reference.
+applies.  The torch reference: imported only through lever.reference.torch_model.
 """
 
 from __future__ import annotations

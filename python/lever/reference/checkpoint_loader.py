@@ -1,5 +1,6 @@
-"""Load a Llama / Qwen2 decoder from a Hugging Face checkpoint directory
-(`config.json` + `*.safetensors`)."""
+"""Load a decoder from a Hugging Face checkpoint directory (`config.json` +
+`*.safetensors`): the model types whose block `config_from_hf` describes
+(`HF_MODEL_TYPES`); any other is refused in one line (its GGUF file runs)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,24 @@ import torch
 from safetensors import safe_open
 
 from ..errors import ModelFormatError, UnsupportedModelError
-from ..model_config import SUPPORTED_ARCHS, ModelConfig, checked_config
+from ..model_config import ModelConfig, checked_config
 from .decoder import Decoder
 from .weights import build_decoder, parse_dtype
 
 
+# Hugging Face model_type -> the ModelConfig fields its block sets beyond Llama's
+HF_MODEL_TYPES = {"llama": {}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True}}
+
+
 def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
+    """The block description of a transformers config.json (a dict);
+    UnsupportedModelError for a model type or a feature it does not describe."""
     arch = hf.get("model_type")
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedModelError(f"{source}: unsupported model_type {arch!r} "
-                                    f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+    if arch not in HF_MODEL_TYPES:
+        raise UnsupportedModelError(f"{source}: Hugging Face checkpoints of model_type {arch!r} are not supported "
+                                    f"(supported: {', '.join(HF_MODEL_TYPES)}; its GGUF file may run)")
+    if hf.get("use_sliding_window"):
+        raise UnsupportedModelError(f"{source}: use_sliding_window is not supported for {arch} checkpoints")
     rope = hf.get("rope_parameters") or {}
     scaling = hf.get("rope_scaling") or {}
     rope_type = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
@@ -41,8 +50,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
             rope_theta=_float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
             max_context=_int(hf.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=True if arch == "qwen2" else bool(hf.get("attention_bias", False)),
+            attention_bias=bool(hf.get("attention_bias", False)),
         )
+        values.update(HF_MODEL_TYPES[arch])
     except KeyError as e:
         raise ModelFormatError(f"{source}: key {e.args[0]!r} is missing") from None
     except (TypeError, ValueError, OverflowError) as e:
