@@ -6,8 +6,11 @@ For each model (default: the 1.5B target and the 0.5B draft), in one run:
   repacked where this CPU's kernels use repacked weights); for each n a
   verify pass of n new rows from an empty cache -- the decoder and the head's
   argmax for every row, as the target verifies a tree -- timed over --reps
-  passes (median); rows/s = n / seconds. One-row decoding: --tg tokens, one
-  forward pass each (argmax head), tokens/s.
+  passes (median); rows/s = n / seconds. Also a prefill pass of the same n
+  rows whose head runs for the last row only, as llama-bench's pp does (the
+  like-for-like figure: a verify pass pays the head for every row, which
+  with a large vocabulary -- Gemma 3's 262,144 -- is most of its cost).
+  One-row decoding: --tg tokens, one forward pass each (argmax head), tokens/s.
 - llama.cpp: `llama-bench -m GGUF -t THREADS -p n -n 0 -r REPS -o json` on the
   same GGUF file (pp: a batch of n prompt tokens from an empty context, logits
   of the last row only) and `-p 0 -n TG` (tg: one-token decoding).
@@ -57,15 +60,18 @@ class LeverRows:
         self.tokens = np.random.default_rng(0).integers(100, 20000, size=max(max_n, tg), dtype=np.int64)
         self.capacity = max(max_n, tg) + 8
 
-    def verify(self, n: int, reps: int) -> float:
+    def verify(self, n: int, reps: int, last_row_only: bool = False) -> float:
         """rows/s of a verify pass of n rows from an empty cache (decoder + argmax
-        head for every row), the median of `reps` passes after one warm-up."""
+        head for every row, or for the last row only: a prefill pass), the
+        median of `reps` passes after one warm-up."""
         times = []
         mask = np.tril(np.ones((n, n), dtype=bool))
+        rows = np.array([n - 1], dtype=np.int64) if last_row_only else None
         for _ in range(reps + 1):
             cache = self.decoder.new_cache(self.capacity)
             t0 = time.perf_counter()
-            self.decoder.forward(self.tokens[:n], np.arange(n, dtype=np.int64), mask, cache, head="argmax")
+            self.decoder.forward(self.tokens[:n], np.arange(n, dtype=np.int64), mask, cache, logits_rows=rows,
+                                 head="argmax")
             times.append(time.perf_counter() - t0)
         return n / float(np.median(times[1:]))
 
@@ -96,17 +102,19 @@ def measure_model(name: str, binary: Path, args) -> dict:
     (medians), so that a slow spell of the machine hits both alike."""
     path = Path(resolve_model(name))
     lever = LeverRows(path, args.dtype, max(args.n), args.tg)
-    runs = {"lever": {n: [] for n in args.n}, "llamacpp": {n: [] for n in args.n},
+    runs = {"lever": {n: [] for n in args.n}, "lever_prefill": {n: [] for n in args.n},
+            "llamacpp": {n: [] for n in args.n},
             "lever_tg": [], "llamacpp_tg": []}
     argvs = []
     for rnd in range(args.rounds):
         for n in args.n:
             runs["lever"][n].append(lever.verify(n, args.reps))
+            runs["lever_prefill"][n].append(lever.verify(n, args.reps, last_row_only=True))
             rate, argv = llama_bench(binary, path, args.threads, args.reps, n, 0)
             runs["llamacpp"][n].append(rate)
             argvs.append(argv)
-            print(f"  round {rnd + 1} n={n:3d}  lever {runs['lever'][n][-1]:8.2f}  llama.cpp {rate:8.2f} rows/s",
-                  file=sys.stderr, flush=True)
+            print(f"  round {rnd + 1} n={n:3d}  lever {runs['lever'][n][-1]:8.2f} (prefill "
+                  f"{runs['lever_prefill'][n][-1]:8.2f})  llama.cpp {rate:8.2f} rows/s", file=sys.stderr, flush=True)
         runs["lever_tg"].append(lever.decode(args.tg))
         rate, argv = llama_bench(binary, path, args.threads, args.reps, 0, args.tg)
         runs["llamacpp_tg"].append(rate)
@@ -115,7 +123,8 @@ def measure_model(name: str, binary: Path, args) -> dict:
               file=sys.stderr, flush=True)
     med = lambda v: float(np.median(v))  # noqa: E731
     return {"gguf": str(path), "repacked": lever.repacked, "runs": runs, "llama_bench_argv": argvs[:2],
-            "lever": {"verify": {n: med(runs["lever"][n]) for n in args.n}, "tg": med(runs["lever_tg"])},
+            "lever": {"verify": {n: med(runs["lever"][n]) for n in args.n},
+                      "prefill": {n: med(runs["lever_prefill"][n]) for n in args.n}, "tg": med(runs["lever_tg"])},
             "llamacpp": {"pp": {n: med(runs["llamacpp"][n]) for n in args.n}, "tg": med(runs["llamacpp_tg"])}}
 
 
@@ -128,6 +137,8 @@ def plot(report: dict, path: Path) -> None:
     for ax, (name, m) in zip(axes[0], models.items()):
         ns = sorted(int(n) for n in m["lever"]["verify"])
         ax.plot(ns, [m["lever"]["verify"][n] for n in ns], "o-", label="Lever verify pass")
+        if "prefill" in m["lever"]:
+            ax.plot(ns, [m["lever"]["prefill"][n] for n in ns], "^-", label="Lever prefill (head: last row)")
         ax.plot(ns, [m["llamacpp"]["pp"].get(n) for n in ns], "s--", label="llama.cpp pp (llama-bench)")
         ax.axhline(m["lever"]["tg"], color="C0", lw=0.8, ls=":", label="Lever one-row decode")
         ax.axhline(m["llamacpp"]["tg"], color="C1", lw=0.8, ls=":", label="llama.cpp tg")
@@ -178,8 +189,9 @@ def main(argv=None) -> int:
         m = report["models"][name] = measure_model(name, binary, args)
         lever, llama = m["lever"], m["llamacpp"]
         for n in args.n:
-            a, b = lever["verify"][n], llama["pp"][n]
-            print(f"{name:20s} n={n:3d}  lever {a:8.2f} rows/s  llama.cpp {b:8.2f} rows/s  {a / b:5.2f}x")
+            a, b, c = lever["verify"][n], llama["pp"][n], lever["prefill"][n]
+            print(f"{name:20s} n={n:3d}  lever verify {a:8.2f} rows/s  llama.cpp pp {b:8.2f} rows/s  {a / b:5.2f}x"
+                  f"   (lever prefill, head on the last row as pp: {c:8.2f} rows/s  {c / b:5.2f}x)")
         print(f"{name:20s} tg{args.tg}  lever {lever['tg']:8.2f} tok/s   llama.cpp {llama['tg']:8.2f} tok/s   "
               f"{lever['tg'] / llama['tg']:5.2f}x")
     args.out.mkdir(parents=True, exist_ok=True)

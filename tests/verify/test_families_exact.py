@@ -85,6 +85,7 @@ def check_modes(label, target, draft, reference):
                 result, stats = speculative_generate(target, drafter, list(ids), len(want), spec=spec)
                 assert result.token_ids == want, f"{label} {dname} {name} prompt {ids}"
                 accepted += stats.accepted
+    print(f"{label}: {accepted} draft tokens accepted")
     assert accepted > 0, f"{label}: no draft token was ever accepted (the check would mean little)"
 
 
