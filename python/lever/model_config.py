@@ -130,6 +130,29 @@ class ModelConfig:
         return out
 
 
+# The block features every forward pass of Lever computes today (the ModelConfig
+# fields with a default).  Each implementation names the features it computes
+# (its own set, as it grows) and refuses a description using one it does not,
+# through `unsupported_feature`: a field added here later is refused until each
+# forward pass implements it, never silently ignored.
+BLOCK_FEATURES = frozenset({"qk_norm", "sandwich_norms", "activation", "rope_dims", "rope_theta_local",
+                            "rope_scaling", "rope_linear", "rope_freq_factors", "rope_attn_factor",
+                            "sliding_window", "layer_kinds", "attn_scale", "embed_scale", "logit_softcap"})
+
+
+def unsupported_feature(cfg: ModelConfig, computed: frozenset = BLOCK_FEATURES,
+                        activations: tuple = ACTIVATIONS) -> str | None:
+    """The first block feature `cfg` uses that an implementation computing
+    `computed` (field names) and `activations` cannot, as a phrase ("<field>",
+    "activation '<name>'"), or None."""
+    for f in fields(cfg):
+        if f.default is not MISSING and f.name not in computed and getattr(cfg, f.name) != f.default:
+            return f.name
+    if cfg.activation not in activations:
+        return f"activation {cfg.activation!r}"
+    return None
+
+
 def config_problem(values: dict) -> str | None:
     """None if `values` (ModelConfig field -> value; fields with a default may
     be left out) describe a decoder Lever can run, else one phrase naming the

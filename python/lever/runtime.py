@@ -409,5 +409,5 @@ def plan_memory(config: RunConfig, *, manifest: StoreManifest | None, kv_tokens:
                             target_path=target_gguf, draft_path=draft_gguf, kv_tokens=kv_tokens, tree_rows=tree_rows, sampling=sampling,
                             dtype=target.dtype, prefetch_depth=config.reader.prefetch_depth,
                             draft_head=config.draft.head if draft_gguf is not None else "stored",
-                            baseline_bytes=baseline)
+                            baseline_bytes=baseline, target_windowed_kv=config.backend.name == "native")
     return plan, budget, Headers(target_gguf, draft_gguf)

@@ -159,3 +159,19 @@ def test_block_description_problems_name_the_field(field, value, words):
                   tie_word_embeddings=True, attention_bias=False)
     assert config_problem(values) is None
     assert words in config_problem({**values, field: value})
+
+
+def test_every_block_feature_is_computed_by_every_forward_pass():
+    """A ModelConfig field with a default is a block feature: each forward pass
+    names the ones it computes, and refuses the others (never ignores them)."""
+    from dataclasses import MISSING, fields
+
+    from lever.model.native_decoder import BLOCK_FIELDS as NATIVE
+    from lever.model_config import BLOCK_FEATURES, unsupported_feature
+    features = {f.name for f in fields(ModelConfig) if f.default is not MISSING}
+    assert features == set(BLOCK_FEATURES)
+    assert set(NATIVE) == features
+    cfg = config("gemma3", {"attention.sliding_window": 8})
+    assert unsupported_feature(cfg) is None
+    assert unsupported_feature(cfg, frozenset(BLOCK_FEATURES - {"sandwich_norms"})) == "sandwich_norms"
+    assert unsupported_feature(cfg, activations=("silu",)) == "activation 'gelu_tanh'"

@@ -138,6 +138,9 @@ def test_memory_limit_plan_counts_windowed_kv():
     # the largest pass sizes the windowed layers: a tree of 700 rows
     big, _ = plan_run("2GB", tree_rows=700, **run)
     assert big.target_minimum["kv_cache"] == (3 * 32768 + 15 * (1023 + 512 + 700)) * GEMMA_ROW
+    # a static-shape backend keeps every row of every layer: counted in full
+    static, _ = plan_run("2GB", tree_rows=64, target_windowed_kv=False, **run)
+    assert static.target_minimum["kv_cache"] == 18 * 32768 * GEMMA_ROW
     # the limit's error says how the KV bytes were counted
     with pytest.raises(MemoryLimitError) as e:
         plan_run("150MB", tree_rows=64, **run)

@@ -16,6 +16,8 @@ A limit below the minimum raises MemoryLimitError listing every part (MB).
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 from ..autoregressive import PREFILL_CHUNK
@@ -58,7 +60,7 @@ def _gguf_sizes(path, head_type: str = "stored"):
 def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_tokens: int,
              tree_rows: int, sampling: bool, dtype: str, prefetch_depth: int | str = "auto",
              baseline_bytes: int | None = None, draft_head: str = "stored",
-             manifest=None) -> tuple[MemoryPlan, int | None]:
+             manifest=None, target_windowed_kv: bool = True) -> tuple[MemoryPlan, int | None]:
     """The plan of one run under `limit` (bytes or '868MB') and the target
     store's DRAM budget (bytes; None for an in-memory target).
 
@@ -73,7 +75,10 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
     or "auto" (the minimum then holds the least auto ring; the slots auto adds
     come out of the store budget).  baseline_bytes: default this process's RSS
     on entry, before any header is parsed.  manifest: target_store's, when
-    already read (lever.runtime reads it once per run)."""
+    already read (lever.runtime reads it once per run).  target_windowed_kv:
+    False when the target's layers run on a static-shape backend, whose KV
+    cache keeps every row of every layer (its sliding-window layers are then
+    counted at full length)."""
     baseline = rss.current_rss() if baseline_bytes is None else int(baseline_bytes)
     dbytes = dtype_bytes(dtype)
     pass_rows = kv_pass_rows(tree_rows)
@@ -87,10 +92,13 @@ def plan_run(limit, *, target_store=None, target_path=None, draft_path=None, kv_
         draft_scratch = pass_scratch_bytes(dcfg, tree_rows, tree_rows if sampling else 0)
     if target_store is not None:
         manifest = manifest if manifest is not None else StoreManifest.load(target_store)
+        if not target_windowed_kv:
+            manifest = dataclasses.replace(manifest, config=full_kv_config(manifest.config))
         cfg = manifest.config
         minimum = store_minimum(manifest, dbytes, kv_tokens, prefetch_depth, kv_pass_rows=pass_rows)
     else:
         cfg, weights = _gguf_sizes(target_path)
+        cfg = cfg if target_windowed_kv else full_kv_config(cfg)
         minimum = {"weights": weights, "kv_cache": kv_bytes(cfg, kv_tokens, dbytes, pass_rows)}
     scratch = pass_scratch_bytes(cfg, tree_rows, tree_rows if sampling else 0) + draft_scratch
     plan = MemoryPlan.build(limit, draft_weight_bytes=draft_weights, draft_kv_bytes=draft_kv,
@@ -119,3 +127,9 @@ def model_file(name: str | None, cache_dir) -> Path | None:
     if not path.is_file():
         raise MemoryLimitError(f"--memory-limit sizes models from their GGUF header; {path} is not a GGUF file")
     return path
+
+
+def full_kv_config(cfg):
+    """`cfg` as a KV cache that keeps every row of every layer sees it: its
+    sliding-window layers counted as global (for sizing only)."""
+    return dataclasses.replace(cfg, layer_kinds=cfg.layer_kinds.replace("l", "g"), sliding_window=0)

@@ -44,7 +44,7 @@ import numpy as np
 
 from .. import _native
 from ..errors import LeverError
-from ..model_config import ModelConfig
+from ..model_config import BLOCK_FEATURES, ModelConfig, unsupported_feature
 from ..store.residency import kv_layer_windows
 from ..values import dtype_name
 from ..topk_head import check_topk, topk_of_logits, topk_result, topk_state
@@ -169,8 +169,16 @@ def checked_segment(tokens, positions, mask, cache) -> "Segment":
     return Segment(tokens, positions, mask, cache)
 
 
+# The block features the native decoder computes (all of lever.model_config's today).
+BLOCK_FIELDS = BLOCK_FEATURES
+
+
 def native_model(cfg: ModelConfig) -> "_native.NativeModel":
-    """The native layer arithmetic for the block `cfg` describes."""
+    """The native layer arithmetic for the block `cfg` describes (LeverError
+    naming a block feature the native decoder does not compute)."""
+    problem = unsupported_feature(cfg, BLOCK_FIELDS)
+    if problem:
+        raise LeverError(f"the native decoder: {problem} is not supported")
     return _native.NativeModel(cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                cfg.intermediate_size, cfg.rms_norm_eps, cfg.rope_theta,
                                qk_norm=cfg.qk_norm, sandwich_norms=cfg.sandwich_norms, activation=cfg.activation,

@@ -42,12 +42,11 @@ path and `lever compile-npu` need onnx and onnxruntime only.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
 
 import numpy as np
 
 from ..errors import LeverError
-from ..model_config import ModelConfig
+from ..model_config import BLOCK_FEATURES, ModelConfig, unsupported_feature
 
 OPSET = 17
 IR_VERSION = 8                     # old enough for the runtimes phones ship (a context model keeps it)
@@ -63,9 +62,7 @@ OUTPUTS = ("y", "k_new", "v_new")
 # of them: in the graph, in its inputs (the runner's tables and masks) or around it (the native
 # decoder's embedding scale and soft-cap).  A feature added to ModelConfig later is refused
 # (`unsupported`) until it is computed here.
-BLOCK_FIELDS = frozenset({"qk_norm", "sandwich_norms", "activation", "rope_dims", "rope_theta_local",
-                          "rope_scaling", "rope_linear", "rope_freq_factors", "rope_attn_factor",
-                          "sliding_window", "layer_kinds", "attn_scale", "embed_scale", "logit_softcap"})
+BLOCK_FIELDS = BLOCK_FEATURES
 GRAPH_ACTIVATIONS = ("silu", "gelu_tanh")
 
 # decoder layer tensor name (lever.model_config.layer_shapes) -> graph input
@@ -84,12 +81,7 @@ TENSOR_INPUT = {
 def unsupported(cfg: ModelConfig) -> str | None:
     """The first block feature of `cfg` a static backend cannot compute, as a
     phrase ("<field>", "activation '<name>'"), or None."""
-    for f in fields(cfg):
-        if f.default is not MISSING and f.name not in BLOCK_FIELDS and getattr(cfg, f.name) != f.default:
-            return f.name
-    if cfg.activation not in GRAPH_ACTIVATIONS:
-        return f"activation {cfg.activation!r}"
-    return None
+    return unsupported_feature(cfg, BLOCK_FIELDS, GRAPH_ACTIVATIONS)
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -37,7 +37,6 @@ block's extra norms are `self_attn.q_norm`, `self_attn.k_norm` [head_dim],
 from __future__ import annotations
 
 import time
-from dataclasses import MISSING, fields
 
 import torch
 import torch.nn.functional as F
@@ -45,29 +44,21 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..masks import causal_mask  # noqa: F401 (re-exported: the masks are numpy, torch-free)
-from ..model_config import ModelConfig
+from ..model_config import BLOCK_FEATURES, ModelConfig, unsupported_feature
 from .attention import attend
 from .kv_cache import KVCache
 from .linear import Embedding, Linear, linear
 from .threads import torch_threads
 
 
-# The block features (ModelConfig fields with a default) this decoder computes, every value of
-# them; a feature added to ModelConfig later is refused (`unsupported`) until it is computed here.
-BLOCK_FIELDS = frozenset({"qk_norm", "sandwich_norms", "activation", "rope_dims", "rope_theta_local",
-                          "rope_scaling", "rope_linear", "rope_freq_factors", "rope_attn_factor",
-                          "sliding_window", "layer_kinds", "attn_scale", "embed_scale", "logit_softcap"})
+# The block features this decoder computes (lever.model_config.unsupported_feature refuses others).
+BLOCK_FIELDS = BLOCK_FEATURES
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 def unsupported(cfg: ModelConfig) -> str | None:
     """The first block feature of `cfg` this decoder cannot compute, as a phrase, or None."""
-    for f in fields(cfg):
-        if f.default is not MISSING and f.name not in BLOCK_FIELDS and getattr(cfg, f.name) != f.default:
-            return f.name
-    if cfg.activation not in ACTIVATIONS:
-        return f"activation {cfg.activation!r}"
-    return None
+    return unsupported_feature(cfg, BLOCK_FIELDS, ACTIVATIONS)
 
 
 class RMSNorm(nn.Module):
