@@ -130,11 +130,12 @@ class ModelConfig:
         return out
 
 
-# The block features every forward pass of Lever computes today (the ModelConfig
-# fields with a default).  Each implementation names the features it computes
-# (its own set, as it grows) and refuses a description using one it does not,
-# through `unsupported_feature`: a field added here later is refused until each
-# forward pass implements it, never silently ignored.
+# The block features of the description (the ModelConfig fields with a
+# default).  Each forward pass names the features it computes in its own
+# BLOCK_FIELDS and refuses a description using another (`unsupported_feature`):
+# a field added here later is refused by every pass until that pass computes
+# it, never silently ignored (tests/arch/test_families.py holds the native
+# decoder to all of them).
 BLOCK_FEATURES = frozenset({"qk_norm", "sandwich_norms", "activation", "rope_dims", "rope_theta_local",
                             "rope_scaling", "rope_linear", "rope_freq_factors", "rope_attn_factor",
                             "sliding_window", "layer_kinds", "attn_scale", "embed_scale", "logit_softcap"})

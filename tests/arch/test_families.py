@@ -168,9 +168,12 @@ def test_every_block_feature_is_computed_by_every_forward_pass():
 
     from lever.model.native_decoder import BLOCK_FIELDS as NATIVE
     from lever.model_config import BLOCK_FEATURES, unsupported_feature
+    from lever.npu.graph import BLOCK_FIELDS as STATIC
+    from lever.reference.decoder import BLOCK_FIELDS as REFERENCE
     features = {f.name for f in fields(ModelConfig) if f.default is not MISSING}
     assert features == set(BLOCK_FEATURES)
-    assert set(NATIVE) == features
+    assert set(NATIVE) == features                   # the run path computes every feature
+    assert set(REFERENCE) == features and set(STATIC) == features   # today; else they refuse (test_arch_walk)
     cfg = config("gemma3", {"attention.sliding_window": 8})
     assert unsupported_feature(cfg) is None
     assert unsupported_feature(cfg, frozenset(BLOCK_FEATURES - {"sandwich_norms"})) == "sandwich_norms"

@@ -44,7 +44,7 @@ import numpy as np
 
 from .. import _native
 from ..errors import LeverError
-from ..model_config import BLOCK_FEATURES, ModelConfig, unsupported_feature
+from ..model_config import ModelConfig, unsupported_feature
 from ..store.residency import kv_layer_windows
 from ..values import dtype_name
 from ..topk_head import check_topk, topk_of_logits, topk_result, topk_state
@@ -170,7 +170,9 @@ def checked_segment(tokens, positions, mask, cache) -> "Segment":
 
 
 # The block features the native decoder computes (all of lever.model_config's today).
-BLOCK_FIELDS = BLOCK_FEATURES
+BLOCK_FIELDS = frozenset({"qk_norm", "sandwich_norms", "activation", "rope_dims", "rope_theta_local",
+                          "rope_scaling", "rope_linear", "rope_freq_factors", "rope_attn_factor",
+                          "sliding_window", "layer_kinds", "attn_scale", "embed_scale", "logit_softcap"})
 
 
 def native_model(cfg: ModelConfig) -> "_native.NativeModel":

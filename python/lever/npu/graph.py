@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LeverError
-from ..model_config import BLOCK_FEATURES, ModelConfig, unsupported_feature
+from ..model_config import ModelConfig, unsupported_feature
 
 OPSET = 17
 IR_VERSION = 8                     # old enough for the runtimes phones ship (a context model keeps it)
@@ -62,7 +62,9 @@ OUTPUTS = ("y", "k_new", "v_new")
 # of them: in the graph, in its inputs (the runner's tables and masks) or around it (the native
 # decoder's embedding scale and soft-cap).  A feature added to ModelConfig later is refused
 # (`unsupported`) until it is computed here.
-BLOCK_FIELDS = BLOCK_FEATURES
+BLOCK_FIELDS = frozenset({"qk_norm", "sandwich_norms", "activation", "rope_dims", "rope_theta_local",
+                          "rope_scaling", "rope_linear", "rope_freq_factors", "rope_attn_factor",
+                          "sliding_window", "layer_kinds", "attn_scale", "embed_scale", "logit_softcap"})
 GRAPH_ACTIVATIONS = ("silu", "gelu_tanh")
 
 # decoder layer tensor name (lever.model_config.layer_shapes) -> graph input

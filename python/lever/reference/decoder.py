@@ -44,7 +44,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..masks import causal_mask  # noqa: F401 (re-exported: the masks are numpy, torch-free)
-from ..model_config import BLOCK_FEATURES, ModelConfig, unsupported_feature
+from ..model_config import ModelConfig, unsupported_feature
 from .attention import attend
 from .kv_cache import KVCache
 from .linear import Embedding, Linear, linear
@@ -52,7 +52,9 @@ from .threads import torch_threads
 
 
 # The block features this decoder computes (lever.model_config.unsupported_feature refuses others).
-BLOCK_FIELDS = BLOCK_FEATURES
+BLOCK_FIELDS = frozenset({"qk_norm", "sandwich_norms", "activation", "rope_dims", "rope_theta_local",
+                          "rope_scaling", "rope_linear", "rope_freq_factors", "rope_attn_factor",
+                          "sliding_window", "layer_kinds", "attn_scale", "embed_scale", "logit_softcap"})
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 
