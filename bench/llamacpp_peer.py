@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from lever.model.pretokenizers import byte_alphabet
+
 _HERE = Path(__file__).resolve().parent
 SESSION_MAGIC = 0x6767736E          # "ggsn" (LLAMA_FILE_MAGIC_GGSN)
 BUILD_HINT = "build them with: python bench/bench_llamacpp.py --build"
@@ -186,19 +188,6 @@ def greedy_continuation(bin: Path | str, gguf: Path | str, prompt: str | Sequenc
 
 # ----------------------------------------------------------------- ids -> text
 
-def _gpt2_bytes() -> dict[str, int]:
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    out, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[chr(b)] = b
-        else:
-            out[chr(256 + n)] = b
-            n += 1
-    return out
-
-
 def detokenize(gguf: Path | str, ids: Sequence[int]) -> str:
     """The text whose llama.cpp tokenisation should be `ids` (minus a leading
     BOS that the vocabulary adds by itself): each token's bytes from the
@@ -220,7 +209,7 @@ def detokenize(gguf: Path | str, ids: Sequence[int]) -> str:
     ids = list(ids)
     if ids and bos is not None and ids[0] == bos and field("tokenizer.ggml.add_bos_token", model == "llama"):
         ids = ids[1:]
-    table = _gpt2_bytes()
+    table = {c: b for b, c in byte_alphabet().items()}       # printable stand-in -> byte
     out = bytearray()
     for i in ids:
         tok, kind = tokens[i], types[i]

@@ -50,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lever.model.pretokenizers import byte_alphabet
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_VERSION = 2
 SEED = 1234
@@ -204,26 +206,13 @@ def _tokenizer_spec() -> dict:
     return {"n": VOCAB, "text": _MERGE_TEXT, "special": list(SPECIAL)}
 
 
-def _byte_symbols() -> list[str]:
-    """GPT-2's printable stand-in for each byte 0..255 (byte-level BPE's alphabet)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    table, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + n)
-            n += 1
-    return [table[b] for b in range(256)]
-
-
 def tiny_tokenizer(out_dir: Path) -> None:
     """Write tokenizer.json / tokenizer_config.json / special_tokens_map.json: a
     byte-level BPE of VOCAB tokens (256 bytes, VOCAB - 260 merges of the most
     frequent adjacent pairs of _MERGE_TEXT taken greedily, then SPECIAL)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    sym = _byte_symbols()
+    alphabet = byte_alphabet()
+    sym = [alphabet[b] for b in range(256)]
     vocab = {s: i for i, s in enumerate(sym)}
     merges: list[tuple[str, str]] = []
     split = _MERGE_TEXT.split(" ")
