@@ -97,10 +97,12 @@ def test_corrupt_header_counts(capsys, tmp_path, smollm2_path):
     assert_one_error_line(rc, err, "corrupt GGUF header")
 
 
-def test_unsupported_architecture(capsys, tmp_path):
-    path = write_tiny_gguf(tmp_path / "gemma.gguf", arch="gemma3")
+@pytest.mark.parametrize("arch, what", [("qwen35", "hybrid linear-attention layers are not supported"),
+                                        ("falcon", "supported: llama, qwen2, qwen3, gemma3, phi3, smollm3")])
+def test_unsupported_architecture(capsys, tmp_path, arch, what):
+    path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch=arch)
     rc, _, err = run_cli(capsys, "generate", "--model", str(path), "--prompt", "hi")
-    assert_one_error_line(rc, err, "unsupported architecture 'gemma3'", "llama", "qwen2")
+    assert_one_error_line(rc, err, f"unsupported architecture '{arch}'", what)
 
 
 def test_unsupported_quantisation_type(capsys, tmp_path):
