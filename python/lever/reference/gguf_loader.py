@@ -1,4 +1,4 @@
-"""Load a Llama / Qwen2 decoder from a GGUF file.
+"""Load any registered family's decoder (lever.arch) from a GGUF file into the torch reference.
 
 Hyperparameters come from the metadata (`gguf_config`, torch-free).  By default every matrix whose type
 has a native matmul kernel (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0) stays quantised in
