@@ -254,7 +254,7 @@ def test_trace_output_that_cannot_be_written_is_an_error(tmp_path, monkeypatch):
 
 
 def test_tokenizer_cache_that_cannot_be_written_warns(tmp_path, capsys, monkeypatch):
-    from lever.model import tokenizer as tk
+    from lever.model.tokenizer_cache import TokenizerCache
 
     class Model:
         def save(self, directory):
@@ -263,7 +263,7 @@ def test_tokenizer_cache_that_cannot_be_written_warns(tmp_path, capsys, monkeypa
     class Tok:
         model = Model()
 
-    tk._TokenizerCache(tmp_path / "tok").store("k1", Tok(), None, "gpt2")
+    TokenizerCache(tmp_path / "tok").store("k1", Tok(), None, None, [])
     err = capsys.readouterr().err
     assert err == (f"lever: warning: cannot save {tmp_path / 'tok' / 'k1'} (No space left on device); "
                    f"the tokenizer is built again on the next load\n")

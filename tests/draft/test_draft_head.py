@@ -15,6 +15,7 @@ from lever.cli import main
 from lever.draft.model_drafter import ModelDrafter
 from lever.memory.plan import gguf_weight_bytes
 from lever.model.native_loader import load_gguf_native
+from lever.model.tokenizer import Tokenizer
 from lever.model import native_loader
 from lever.quant import Q4_0, dequantize, quantize_q4_0
 from test_speculative import SPECS, run_spec
@@ -94,13 +95,18 @@ def test_untied_head_is_q4_0_and_smaller(qwen05_path):
     assert saved == pytest.approx(head.nbytes * (1 - 18 / 34), abs=4096)            # 34 -> 18 bytes a block
     # --memory-limit sizes the draft from its header the same way
     assert gguf_weight_bytes(qwen05_path) - gguf_weight_bytes(qwen05_path, "q4_0") == head.nbytes * 16 // 34
-    ids = np.array([785, 6722, 315, 9625, 374, 12095, 13, 576, 6722, 315], dtype=np.int64)
+    # 39 tokens of text (10 were too few: one near-tie moved the rate by 0.1)
+    text = ("The capital of France is Paris. The capital of Germany is Berlin. "
+            "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)")
+    ids = np.array(Tokenizer.from_gguf(g).encode(text), dtype=np.int64)
     t = len(ids)
     mask = np.tril(np.ones((t, t), dtype=bool))
     a = stored(ids, np.arange(t), mask, stored.new_cache(t))
     b = q4(ids, np.arange(t), mask, q4.new_cache(t))
     assert np.corrcoef(a.reshape(-1), b.reshape(-1))[0, 1] > 0.99
-    assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.8
+    top3 = np.argsort(-a, axis=-1)[:, :3]
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.8                     # measured 0.92
+    assert np.mean([b.argmax(-1)[i] in top3[i] for i in range(t)]) >= 0.9   # measured 0.97
 
 
 @pytest.mark.real
