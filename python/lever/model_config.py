@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, fields
 
+import numpy as np
+
 # The architectures `lever.arch` registers (kept here, at the bottom layer, so
 # every layer can name them without importing the family modules).
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3")
@@ -115,19 +117,20 @@ class ModelConfig:
         return [i for i in range(self.n_layers) if self.kind(i) == "l"]
 
     def inv_freq(self, local: bool = False) -> list[float]:
-        """The RoPE frequency of each rotated pair (radians per position, rotary_dims / 2
-        of them) of a global (or, `local`, a sliding-window) layer, as float64:
+        """The RoPE frequency of each rotated pair (radians per position,
+        rotary_dims / 2 of them) of a global (or, `local`, a sliding-window)
+        layer, computed in float32 as the native core computes it:
         1 / theta^(2i / rotary_dims), divided by the frequency factors and, on
-        global layers, by the linear factor.  Each implementation rounds it to its
-        own precision in the same way (the native core: float32 of this value)."""
-        theta = (self.rope_theta_local or self.rope_theta) if local else self.rope_theta
+        global layers, by the linear factor.  The torch reference and the static
+        graph's tables take these values (each a float32, exactly)."""
+        theta = np.float32((self.rope_theta_local or self.rope_theta) if local else self.rope_theta)
         d = self.rotary_dims
-        out = [1.0 / theta ** (2 * i / d) for i in range(d // 2)]
+        f = np.float32(1) / np.power(theta, np.arange(d // 2, dtype=np.float32) * np.float32(2) / np.float32(d))
         if self.rope_freq_factors:
-            out = [f / s for f, s in zip(out, self.rope_freq_factors)]
+            f = f / np.asarray(self.rope_freq_factors, dtype=np.float32)
         if not local and self.rope_linear != 1.0:
-            out = [f / self.rope_linear for f in out]
-        return out
+            f = f / np.float32(self.rope_linear)
+        return f.astype(np.float32).tolist()
 
 
 # The block features of the description (the ModelConfig fields with a

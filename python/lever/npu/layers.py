@@ -99,17 +99,8 @@ class StaticKVCache:
 
 
 def inv_freq(cfg: ModelConfig, local: bool = False) -> np.ndarray:
-    """float32 [rotary_dims / 2]: the RoPE frequency of each rotated pair (radians
-    per position) of a global (or, `local`, a sliding-window) layer, computed in
-    float32 as the native core does (ModelConfig.inv_freq says what it is)."""
-    d = cfg.rotary_dims
-    theta = np.float32((cfg.rope_theta_local or cfg.rope_theta) if local else cfg.rope_theta)
-    f = np.float32(1) / np.power(theta, np.arange(d // 2, dtype=np.float32) * np.float32(2) / np.float32(d))
-    if cfg.rope_freq_factors:
-        f = f / np.asarray(cfg.rope_freq_factors, dtype=np.float32)
-    if not local and cfg.rope_linear != 1.0:
-        f = f / np.float32(cfg.rope_linear)
-    return f.astype(np.float32)
+    """float32 [rotary_dims / 2]: `ModelConfig.inv_freq` as an array."""
+    return np.asarray(cfg.inv_freq(local), dtype=np.float32)
 
 
 def rope_tables(positions: np.ndarray, freqs: np.ndarray, attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:

@@ -77,18 +77,8 @@ class RMSNorm(nn.Module):
 
 
 def inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
-    """float32 [rotary_dims / 2]: each rotated pair's frequency (radians per
-    position) on a global (or, `local`, a sliding-window) layer, computed in
-    float32 as the native core does: 1 / theta^(2i / d), divided by the
-    frequency factors and, on global layers, the linear factor."""
-    d = cfg.rotary_dims
-    theta = (cfg.rope_theta_local or cfg.rope_theta) if local else cfg.rope_theta
-    f = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    if cfg.rope_freq_factors:
-        f = f / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
-    if not local and cfg.rope_linear != 1.0:
-        f = f / cfg.rope_linear
-    return f
+    """float32 [rotary_dims / 2]: `ModelConfig.inv_freq` as a tensor."""
+    return torch.tensor(cfg.inv_freq(local), dtype=torch.float32)
 
 
 def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype, attn_factor: float = 1.0):
