@@ -57,6 +57,11 @@ def qwen05_path(lever_cache) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma_path(lever_cache) -> Path:
+    return _resolve("gemma-3-270m", lever_cache)
+
+
+@pytest.fixture(scope="session")
 def qwen15_path(lever_cache) -> Path:
     return _resolve("qwen2.5-coder-1.5b", lever_cache)
 
